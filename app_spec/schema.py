@@ -1,0 +1,397 @@
+"""The application spec: one YAML file that describes a multi-NN application.
+
+Every section is a frozen pydantic model that forbids unknown fields, so a typo
+is caught (and named, with a suggestion) before hours of calibration or tuning
+start. Paths are resolved against the spec's folder while validating; the base
+folder arrives through pydantic's validation context (see :func:`qaopt.app_spec.load`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from .entrypoints import check_syntax
+from .hashing import content_hash
+
+EntryPoint = Annotated[str, AfterValidator(check_syntax)]
+"""A ``package.module:attribute`` reference to user code."""
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")]
+"""A name used as a key in files, databases and CLI flags."""
+
+
+def _base_dir(info: ValidationInfo) -> Path:
+    context = info.context or {}
+    return Path(context.get("base_dir", "."))
+
+
+def _resolve(value: Path, info: ValidationInfo) -> Path:
+    return value if value.is_absolute() else (_base_dir(info) / value).resolve()
+
+
+def _existing_file(value: Path, info: ValidationInfo) -> Path:
+    path = _resolve(value, info)
+    if not path.is_file():
+        raise ValueError(f"file not found: {path} (relative paths are read from the spec's folder)")
+    return path
+
+
+SpecPath = Annotated[Path, AfterValidator(_resolve)]
+"""A path; relative ones are read from the spec's folder."""
+
+ExistingFile = Annotated[Path, AfterValidator(_existing_file)]
+
+
+def _resolve_url(url: str, info: ValidationInfo) -> str:
+    """Resolve a relative SQLite path against the spec's folder; other URLs pass unchanged.
+
+    A bare path (no ``://``) is taken to be a SQLite file, the common case on one machine.
+    """
+    if "://" not in url:
+        url = f"sqlite:///{url}"
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
+        url = prefix + str(_resolve(Path(url[len(prefix) :]), info))
+    return url
+
+
+DatabaseURL = Annotated[str, AfterValidator(_resolve_url)]
+"""A SQLAlchemy URL or a SQLite file path."""
+
+
+class Section(BaseModel):
+    """Base of every spec section: unknown fields are errors, values never change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- app, evaluator
+
+
+class AppInfo(Section):
+    name: Name
+    description: str = ""
+
+
+class SimulatorSource(Section):
+    """A simulator that runs the whole application closed-loop.
+
+    Either a Python entry point (a class or factory called with ``params`` that
+    returns a QoS evaluator) or a Gymnasium environment id registered on import.
+    """
+
+    entry_point: EntryPoint | None = None
+    env_id: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> SimulatorSource:
+        if (self.entry_point is None) == (self.env_id is None):
+            raise ValueError("give exactly one of 'entry_point' (module:attr) or 'env_id'")
+        return self
+
+
+class FieldSource(Section):
+    """Where field-trial runs are logged; they are evidence for calibration."""
+
+    store: DatabaseURL
+
+
+class EvaluatorSpec(Section):
+    simulator: SimulatorSource | None = None
+    field: FieldSource | None = None
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> EvaluatorSpec:
+        if self.simulator is None and self.field is None:
+            raise ValueError("give a 'simulator', a 'field' store, or both")
+        return self
+
+
+# ---------------------------------------------------------------- QoS
+
+
+class Acceptance(Section):
+    """When an error point counts as valid: P(run passes) >= 1 - max_failure_rate at `confidence`."""
+
+    max_failure_rate: float = Field(0.05, gt=0.0, lt=1.0)
+    confidence: float = Field(0.9, gt=0.5, lt=1.0)
+    min_trials: PositiveInt = 8
+    max_trials: PositiveInt = 96
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Acceptance:
+        if self.min_trials > self.max_trials:
+            raise ValueError(f"min_trials ({self.min_trials}) must not exceed max_trials ({self.max_trials})")
+        return self
+
+
+class QoSSpec(Section):
+    """The application's quality-of-service goal: one metric, bounded above and/or below."""
+
+    metric: str
+    max: float | None = None
+    min: float | None = None
+    acceptance: Acceptance = Field(default_factory=Acceptance)
+
+    @model_validator(mode="after")
+    def _has_bound(self) -> QoSSpec:
+        if self.max is None and self.min is None:
+            raise ValueError(f"give the goal for {self.metric!r} as 'max' (pass when metric <= max) and/or 'min'")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max}): no run could pass")
+        return self
+
+    def passes(self, metrics: dict[str, float]) -> bool:
+        """Whether one run's metrics meet the goal."""
+        value = metrics[self.metric]
+        return (self.max is None or value <= self.max) and (self.min is None or value >= self.min)
+
+
+# ---------------------------------------------------------------- NNs
+
+
+class NNOutput(Section):
+    name: Name
+    unit: str = ""
+
+
+class ErrorMetric(Section):
+    """The NN-level error in the output's unit: what calibration bounds and approx measures."""
+
+    kind: Literal["l1", "rmse", "mse", "max_abs"] = "l1"
+    output: Name
+
+
+class DataSpec(Section):
+    """A callable returning the NN's training and time-ordered validation data."""
+
+    source: EntryPoint
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class NNSpec(Section):
+    model: EntryPoint
+    args: dict[str, Any] = Field(default_factory=dict)
+    weights: ExistingFile | None = None
+    input_shape: list[PositiveInt] = Field(min_length=2)
+    outputs: list[NNOutput] = Field(min_length=1)
+    error_metric: ErrorMetric
+    data: DataSpec
+
+    @model_validator(mode="after")
+    def _metric_names_an_output(self) -> NNSpec:
+        names = [o.name for o in self.outputs]
+        if self.error_metric.output not in names:
+            raise ValueError(f"error_metric.output {self.error_metric.output!r} is not one of the outputs {names}")
+        return self
+
+
+# ---------------------------------------------------------------- calibration
+
+
+class Axis(Section):
+    """One dimension of the error space: an NN's error metric, or its bias or sigma."""
+
+    nn: Name
+    component: Literal["metric", "bias", "sigma"] = "metric"
+    min: float = Field(0.0, ge=0.0)
+    max: float = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> Axis:
+        if self.max <= self.min:
+            raise ValueError(f"empty error range: max ({self.max}) must be above min ({self.min})")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The axis' name in regions and reports: ``heading`` or ``heading.sigma``."""
+        return self.nn if self.component == "metric" else f"{self.nn}.{self.component}"
+
+
+class CalibrationSpec(Section):
+    strategy: Literal["bisect", "monotone", "active"] = "monotone"
+    budget: PositiveInt = 20
+    error_model: Literal["gaussian", "ar1", "empirical"] = "gaussian"
+    space: list[Axis] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CalibrationSpec:
+        keys = [a.key for a in self.space]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"an axis appears twice in space: {keys}")
+        if self.strategy == "bisect" and len(self.space) != 2:
+            raise ValueError(f"strategy 'bisect' needs exactly 2 axes, space has {len(self.space)}; use 'monotone'")
+        return self
+
+
+# ---------------------------------------------------------------- approximations
+
+
+class PruningKnob(Section):
+    """Structured channel pruning (torch-pruning): the searched global ratio range."""
+
+    ratio: tuple[float, float] = (0.0, 0.9)
+    importance: Literal["l1", "taylor"] = "l1"
+    round_to: PositiveInt = 8
+    steps: PositiveInt = 1
+    per_layer: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("ratio")
+    @classmethod
+    def _ratio_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = value
+        if not (0.0 <= lo <= hi < 1.0):
+            raise ValueError(f"ratio must be [lo, hi] with 0 <= lo <= hi < 1, got [{lo}, {hi}]")
+        return value
+
+    @field_validator("per_layer")
+    @classmethod
+    def _per_layer_range(cls, value: dict[str, float]) -> dict[str, float]:
+        for layer, ratio in value.items():
+            if not 0.0 <= ratio < 1.0:
+                raise ValueError(f"ratio of layer {layer!r} must be in [0, 1), got {ratio}")
+        return value
+
+
+class QuantizationKnob(Section):
+    dtypes: list[Literal["fp32", "bf16", "fp16", "int8"]] = Field(default_factory=lambda: ["fp32"], min_length=1)
+
+
+class FinetuneKnob(Section):
+    """Fine-tuning (distillation from the unpruned NN) budget range, in optimizer steps."""
+
+    steps: tuple[int, int] = (0, 0)
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        lo, hi = value
+        if not 0 <= lo <= hi:
+            raise ValueError(f"steps must be [lo, hi] with 0 <= lo <= hi, got [{lo}, {hi}]")
+        return value
+
+
+class KnobSpace(Section):
+    """Which approximation knobs are searched for an NN, and over what ranges."""
+
+    pruning: PruningKnob | None = None
+    quantization: QuantizationKnob | None = None
+    finetune: FinetuneKnob | None = None
+
+
+# ---------------------------------------------------------------- target, search, output
+
+
+class RPCSpec(Section):
+    """A remote device reached over TVM RPC, directly or through a tracker."""
+
+    host: str
+    port: int = Field(9090, ge=1, le=65535)
+    key: str | None = None
+    tracker: bool = False
+
+    @model_validator(mode="after")
+    def _tracker_needs_key(self) -> RPCSpec:
+        if self.tracker and not self.key:
+            raise ValueError("a tracker needs the device 'key' to request")
+        return self
+
+
+class TuningSpec(Section):
+    trials: int = Field(64, ge=0)
+    seconds: float | None = Field(None, gt=0)
+    database: SpecPath | None = None
+
+
+class TargetSpec(Section):
+    device: Literal["cpu", "cuda", "rpc"] = "cpu"
+    backend: Literal["tvm", "torch", "torch-compile", "onnxruntime", "auto"] = "auto"
+    threads: PositiveInt | None = None
+    mcpu: str | None = None
+    tuning: TuningSpec = Field(default_factory=TuningSpec)
+    rpc: RPCSpec | None = None
+
+    @model_validator(mode="after")
+    def _rpc_when_remote(self) -> TargetSpec:
+        if self.device == "rpc" and self.rpc is None:
+            raise ValueError("device 'rpc' needs an 'rpc' section with the device's host and port")
+        if self.device != "rpc" and self.rpc is not None:
+            raise ValueError(f"an 'rpc' section is given but device is {self.device!r}; set device: rpc")
+        return self
+
+
+class SearchSpec(Section):
+    trials: PositiveInt = 40
+    objectives: list[Literal["latency", "memory"]] = Field(default_factory=lambda: ["latency", "memory"], min_length=1)
+    storage: DatabaseURL | None = None
+    seed: int = 0
+
+
+class OutputSpec(Section):
+    """Where runs write their results, and where expensive results are cached across runs."""
+
+    dir: SpecPath = Path("runs")
+    cache_dir: SpecPath = Path(".qaopt-cache")
+
+
+# ---------------------------------------------------------------- the spec
+
+
+class AppSpec(Section):
+    """A whole application: what it is, how its QoS is measured, its NNs, and what to search."""
+
+    app: AppInfo
+    evaluator: EvaluatorSpec
+    qos: QoSSpec
+    nns: dict[Name, NNSpec] = Field(min_length=1)
+    calibration: CalibrationSpec
+    approximations: dict[str, KnobSpace] = Field(default_factory=dict)
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    source: Path | None = Field(None, exclude=True, description="the YAML file this spec was read from")
+
+    @field_validator("approximations")
+    @classmethod
+    def _approximation_keys(cls, value: dict[str, KnobSpace], info: ValidationInfo) -> dict[str, KnobSpace]:
+        nns = info.data.get("nns") or {}
+        for key in value:
+            if key != "all" and key not in nns:
+                raise ValueError(f"approximations.{key}: no NN named {key!r}; use 'all' or one of {sorted(nns)}")
+        return value
+
+    @model_validator(mode="after")
+    def _axes_name_nns(self) -> AppSpec:
+        for i, axis in enumerate(self.calibration.space):
+            if axis.nn not in self.nns:
+                raise ValueError(
+                    f"calibration.space.{i}.nn: no NN named {axis.nn!r}; the spec's NNs are {sorted(self.nns)}"
+                )
+        return self
+
+    def knobs_for(self, nn: str) -> KnobSpace:
+        """The knob space searched for ``nn``: its own section, else ``all``, else nothing."""
+        return self.approximations.get(nn) or self.approximations.get("all") or KnobSpace()
+
+    def content_hash(self, *sections: str) -> str:
+        """Hash of the named sections (all but ``output`` by default): the key of cached results.
+
+        Calibration keys on ``evaluator``, ``qos`` and ``calibration`` so that changing the
+        search budget never invalidates a region.
+        """
+        names = sections or tuple(n for n in type(self).model_fields if n not in ("output", "source"))
+        return content_hash({n: getattr(self, n) for n in names})

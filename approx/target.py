@@ -1,0 +1,146 @@
+"""The NN being approximated: a trained torch module, its data and its error metric.
+
+:func:`qaopt.approx.build` needs only these pieces, not the whole application spec,
+so a team can approximate an NN from a notebook as easily as from a spec
+(:meth:`TargetNN.from_spec` reads one ``nns.<name>`` entry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+
+from qaopt.app_spec.entrypoints import load_entry_point
+from qaopt.app_spec.errors import QaoptError
+from qaopt.app_spec.hashing import content_hash
+
+if TYPE_CHECKING:
+    from qaopt.app_spec.schema import NNSpec
+
+MetricKind = Literal["l1", "rmse", "mse", "max_abs"]
+
+
+@runtime_checkable
+class NNData(Protocol):
+    """Training data and time-ordered validation drives of one NN (numpy, float32).
+
+    ``x_*`` has shape ``(N, *input_shape[1:])``, ``y_*`` has ``(N, outputs)``;
+    ``val_sequences`` holds index arrays into the validation set, one per drive in
+    time order, so residuals keep their time structure for the empirical injector.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    val_sequences: Sequence[np.ndarray]
+
+
+@dataclass(frozen=True)
+class ErrorMetric:
+    """How the NN's error is measured: ``kind`` over output column ``column``."""
+
+    kind: MetricKind = "l1"
+    column: int = 0
+
+    def __call__(self, pred: np.ndarray, truth: np.ndarray) -> float:
+        diff = pred[:, self.column].astype(np.float64) - truth[:, self.column].astype(np.float64)
+        if self.kind == "l1":
+            return float(np.mean(np.abs(diff)))
+        if self.kind == "mse":
+            return float(np.mean(diff**2))
+        if self.kind == "rmse":
+            return float(np.sqrt(np.mean(diff**2)))
+        return float(np.max(np.abs(diff)))
+
+    def residuals(self, pred: np.ndarray, truth: np.ndarray, sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+        """Signed errors (prediction - truth) of the metric's output, one array per drive."""
+        diff = (pred[:, self.column] - truth[:, self.column]).astype(np.float32)
+        return tuple(diff[np.asarray(s)] for s in sequences)
+
+
+def _array_digest(h: hashlib._Hash, array: np.ndarray) -> None:
+    array = np.ascontiguousarray(array)
+    h.update(f"{array.dtype}{array.shape}".encode())
+    h.update(memoryview(array).cast("B"))
+
+
+@dataclass
+class TargetNN:
+    """A trained NN with its data: everything a candidate is built from.
+
+    ``model`` is never modified (candidates prune a copy). ``input_shape`` includes
+    the batch dimension (``[1, 3, 240, 320]``); it is the shape pruning traces with
+    and MACs are counted for.
+    """
+
+    name: str
+    model: nn.Module
+    data: NNData
+    input_shape: tuple[int, ...]
+    metric: ErrorMetric = ErrorMetric()
+    _fingerprint: str | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.input_shape = tuple(int(d) for d in self.input_shape)
+        self.model.eval()
+        self._check_data()
+
+    @classmethod
+    def from_spec(cls, name: str, spec: NNSpec) -> TargetNN:
+        """Load the model (and its ``weights`` file, if given) and the data an ``nns.<name>`` entry names."""
+        model = load_entry_point(spec.model)(**spec.args)
+        if not isinstance(model, nn.Module):
+            raise QaoptError(f"nns.{name}.model: {spec.model} returned {type(model).__name__}, not a torch.nn.Module")
+        if spec.weights is not None:
+            try:
+                model.load_state_dict(torch.load(spec.weights, map_location="cpu", weights_only=True))
+            except (RuntimeError, OSError) as exc:
+                raise QaoptError(f"nns.{name}.weights: {spec.weights} does not fit {spec.model}: {exc}") from exc
+        data = load_entry_point(spec.data.source)(**spec.data.args)
+        column = [o.name for o in spec.outputs].index(spec.error_metric.output)
+        return cls(name, model, data, tuple(spec.input_shape), ErrorMetric(spec.error_metric.kind, column))
+
+    @property
+    def example_input(self) -> torch.Tensor:
+        return torch.zeros(self.input_shape)
+
+    @property
+    def fingerprint(self) -> str:
+        """Content hash of the base weights, the architecture, the data and the metric.
+
+        Computed once per object: hashing a large training set takes a second or two.
+        """
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            h.update(f"{type(self.model).__module__}.{type(self.model).__qualname__}\n{self.model}".encode())
+            for key, tensor in self.model.state_dict().items():
+                h.update(key.encode())
+                _array_digest(h, tensor.detach().cpu().float().numpy())
+            d = self.data
+            for array in (d.x_train, d.y_train, d.x_val, d.y_val, *d.val_sequences):
+                _array_digest(h, np.asarray(array))
+            self._fingerprint = content_hash(h.hexdigest(), self.input_shape, self.metric.kind, self.metric.column)
+        return self._fingerprint
+
+    def _check_data(self) -> None:
+        d, where = self.data, f"NN {self.name!r}, data"
+        for split in ("train", "val"):
+            x, y = np.asarray(getattr(d, f"x_{split}")), np.asarray(getattr(d, f"y_{split}"))
+            if x.shape[1:] != self.input_shape[1:]:
+                raise QaoptError(f"{where}: x_{split} has samples of shape {x.shape[1:]}, input_shape says {self.input_shape[1:]}")
+            if y.ndim != 2 or len(y) != len(x):
+                raise QaoptError(f"{where}: y_{split} must have shape ({len(x)}, outputs), got {y.shape}")
+            if y.shape[1] <= self.metric.column:
+                raise QaoptError(f"{where}: y_{split} has {y.shape[1]} outputs, the error metric reads output {self.metric.column}")
+        n_val = len(d.x_val)
+        for i, seq in enumerate(d.val_sequences):
+            seq = np.asarray(seq)
+            if seq.size and (seq.min() < 0 or seq.max() >= n_val):
+                raise QaoptError(f"{where}: val_sequences[{i}] indexes outside the {n_val} validation samples")

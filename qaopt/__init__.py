@@ -1,0 +1,11 @@
+"""qaopt: quality-aware optimization of applications that chain several neural networks.
+
+It finds how much error each NN may make before the application fails its QoS goal
+(:mod:`qaopt.calibrate`), then searches pruning and quantization inside that region
+(:mod:`qaopt.approx`), judged by latency measured on the target (:mod:`qaopt.kernels`).
+
+Importing :mod:`qaopt` is light on purpose: the field-logging API runs on a robot's
+small computer without torch or TVM, so heavy modules are imported where used.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,62 @@
+"""The ``qaopt`` command line: a thin layer over the Python API.
+
+Each command group lives in :mod:`qaopt.commands` and is registered below. Bad
+input raises :class:`~qaopt.app_spec.QaoptError`; :func:`main` prints its message
+(one line per problem) and exits with status 2, with a traceback only under
+``--debug`` (or ``QAOPT_DEBUG=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from qaopt import __version__
+from qaopt.app_spec.errors import QaoptError
+from qaopt.commands import validate
+
+app = typer.Typer(
+    name="qaopt",
+    help="Quality-aware optimization of multi-NN edge applications.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_state = {"debug": bool(os.environ.get("QAOPT_DEBUG"))}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"qaopt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    if debug:
+        _state["debug"] = True
+
+
+# Command registration: one line per command or group (qaopt/commands/<group>.py).
+app.command("validate")(validate.validate)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``qaopt`` script."""
+    try:
+        app(args=argv, prog_name="qaopt")
+    except QaoptError as exc:
+        if _state["debug"]:
+            raise
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            typer.echo(f"error: {line}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted; finished work is cached and a re-run resumes from it", err=True)
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""One module per CLI command group; `qaopt.cli` registers them."""

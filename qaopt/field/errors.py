@@ -1,0 +1,38 @@
+"""Errors of the field log, each naming what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qaopt.app_spec.errors import QaoptError
+
+
+class FieldError(QaoptError):
+    """Bad use of the field log (a closed run, an unknown run id, a bad store URL)."""
+
+
+class StoreVersionError(FieldError):
+    """The store was written by a newer qaopt than the one reading it."""
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    """One bad record of an import file: ``file:line: field: message``."""
+
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}: "
+        return where + (f"{self.field}: {self.message}" if self.field else self.message)
+
+
+class ImportRowsError(FieldError):
+    """An import file with bad records; nothing of the file was imported."""
+
+    def __init__(self, problems: list[RowProblem]):
+        self.problems = list(problems)
+        head = f"nothing imported: {len(self.problems)} bad record(s); fix them and import the file again"
+        super().__init__("\n".join([head, *(str(p) for p in self.problems)]))

@@ -62,9 +62,14 @@ class Knobs(BaseModel):
     def runnable_on(self) -> tuple[str, ...]:
         return RUNNABLE_ON[self.dtype]
 
+    def identity(self) -> dict:
+        """The knobs as they determine a candidate: pruning settings count only when something is pruned."""
+        skip = set() if self.prunes else {"importance", "round_to", "prune_steps", "per_layer"}
+        return self.model_dump(mode="json", exclude=skip)
+
     def float_part(self) -> dict:
-        """The knobs that shape the float model (everything but the dtype)."""
-        return self.model_dump(mode="json", exclude={"dtype"})
+        """The part of :meth:`identity` that shapes the float model (everything but the dtype)."""
+        return {k: v for k, v in self.identity().items() if k != "dtype"}
 
     def check(self, nn: str) -> None:
         """Raise :class:`ApproxError` for values no model could take."""
@@ -73,8 +78,6 @@ class Knobs(BaseModel):
         for layer, ratio in self.per_layer.items():
             if not 0.0 <= ratio < 1.0:
                 raise ApproxError(nn, f"per_layer.{layer}", f"{ratio} is outside [0, 1)")
-        if self.prune_steps > 1 and not self.prunes:
-            raise ApproxError(nn, "prune_steps", "steps > 1 need a prune_ratio above 0")
 
 
 def check_backend(nn: str, knobs: Knobs, backend: str) -> None:

@@ -8,9 +8,8 @@ stay SIMD-friendly, and share tuning records).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
+from collections.abc import Callable
 
 import torch
 import torch_pruning as tp

@@ -28,11 +28,15 @@ MetricKind = Literal["l1", "rmse", "mse", "max_abs"]
 
 @runtime_checkable
 class NNData(Protocol):
-    """Training data and time-ordered validation drives of one NN (numpy, float32).
+    """Training data and time-ordered validation drives of one NN (float32).
 
-    ``x_*`` has shape ``(N, *input_shape[1:])``, ``y_*`` has ``(N, outputs)``;
-    ``val_sequences`` holds index arrays into the validation set, one per drive in
-    time order, so residuals keep their time structure for the empirical injector.
+    ``x_*`` has shape ``(N, *input_shape[1:])``: a numpy array or any array-like
+    with ``shape``, ``len`` and indexing by int, slice or index array (so that a
+    memory-mapped image set is never loaded whole); ``y_*`` is a numpy array of
+    shape ``(N, outputs)``. ``val_sequences`` holds index arrays into the validation
+    set, one per drive in time order, so residuals keep their time structure for
+    the empirical injector. An optional ``fingerprint`` string attribute, a content
+    hash of the data, saves hashing the images.
     """
 
     x_train: np.ndarray
@@ -65,10 +69,15 @@ class ErrorMetric:
         return tuple(diff[np.asarray(s)] for s in sequences)
 
 
-def _array_digest(h: hashlib._Hash, array: np.ndarray) -> None:
-    array = np.ascontiguousarray(array)
-    h.update(f"{array.dtype}{array.shape}".encode())
-    h.update(memoryview(array).cast("B"))
+def _array_digest(h: hashlib._Hash, array, chunk: int = 256) -> None:
+    """Hash an array, or an array-like in chunks of ``chunk`` rows (an image set may not fit in memory)."""
+    h.update(f"{tuple(array.shape)}".encode())
+    if isinstance(array, np.ndarray):
+        h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        return
+    for start in range(0, len(array), chunk):
+        block = np.ascontiguousarray(array[start : start + chunk], dtype=np.float32)
+        h.update(memoryview(block).cast("B"))
 
 
 @dataclass
@@ -124,7 +133,13 @@ class TargetNN:
                 h.update(key.encode())
                 _array_digest(h, tensor.detach().cpu().float().numpy())
             d = self.data
-            for array in (d.x_train, d.y_train, d.x_val, d.y_val, *d.val_sequences):
+            data_key = getattr(d, "fingerprint", None)
+            if isinstance(data_key, str):
+                h.update(data_key.encode())
+            else:
+                for array in (d.x_train, d.x_val):
+                    _array_digest(h, array)
+            for array in (d.y_train, d.y_val, *d.val_sequences):
                 _array_digest(h, np.asarray(array))
             self._fingerprint = content_hash(h.hexdigest(), self.input_shape, self.metric.kind, self.metric.column)
         return self._fingerprint
@@ -132,9 +147,9 @@ class TargetNN:
     def _check_data(self) -> None:
         d, where = self.data, f"NN {self.name!r}, data"
         for split in ("train", "val"):
-            x, y = np.asarray(getattr(d, f"x_{split}")), np.asarray(getattr(d, f"y_{split}"))
-            if x.shape[1:] != self.input_shape[1:]:
-                raise QaoptError(f"{where}: x_{split} has samples of shape {x.shape[1:]}, input_shape says {self.input_shape[1:]}")
+            x, y = getattr(d, f"x_{split}"), np.asarray(getattr(d, f"y_{split}"))
+            if tuple(x.shape[1:]) != self.input_shape[1:]:
+                raise QaoptError(f"{where}: x_{split} has samples of shape {tuple(x.shape[1:])}, input_shape says {self.input_shape[1:]}")
             if y.ndim != 2 or len(y) != len(x):
                 raise QaoptError(f"{where}: y_{split} must have shape ({len(x)}, outputs), got {y.shape}")
             if y.shape[1] <= self.metric.column:

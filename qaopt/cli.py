@@ -15,7 +15,7 @@ import typer
 
 from qaopt import __version__
 from qaopt.app_spec.errors import QaoptError
-from qaopt.commands import validate
+from qaopt.commands import approx, calibrate, field, optimize, validate
 
 app = typer.Typer(
     name="qaopt",
@@ -45,6 +45,10 @@ def _options(
 
 # Command registration: one line per command or group (qaopt/commands/<group>.py).
 app.command("validate")(validate.validate)
+app.add_typer(field.app, name="field")
+app.add_typer(approx.app, name="approx")
+app.command("calibrate")(calibrate.calibrate)
+app.command("optimize")(optimize.optimize)
 
 
 def main(argv: list[str] | None = None) -> None:

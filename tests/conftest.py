@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_SPEC = REPO / "examples" / "cropfollow.yaml"
+APPS = REPO / "tests" / "apps"
+# Test applications (tests/apps/*.py) are named in specs as `module:attr` entry points.
+sys.path.insert(0, str(APPS))
 
 
 @pytest.fixture(autouse=True, scope="session")

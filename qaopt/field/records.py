@@ -7,11 +7,9 @@ a valid record is.
 
 from __future__ import annotations
 
-import math
-from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from qaopt.app_spec.hashing import content_hash
 
@@ -28,16 +26,11 @@ RunStatus = Literal["complete", "aborted", "incomplete"]
 ``incomplete``: never ended (still running, or its process died)."""
 
 _KIND_PATTERN = r"^[a-z][a-z0-9_]*$"
+NonNegative = Annotated[float, Field(ge=0)]
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _finite(value: float | None, name: str) -> float | None:
-    if value is not None and not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value}")
-    return value
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Configuration(_Record):
@@ -50,23 +43,20 @@ class Configuration(_Record):
 
     hash: str = ""
     knobs: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    nn_errors: dict[str, float] = Field(default_factory=dict)
+    nn_errors: dict[str, NonNegative] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _default_hash(self) -> Configuration:
-        if not self.hash:
-            object.__setattr__(self, "hash", content_hash(self.knobs))
-        for nn, err in self.nn_errors.items():
-            _finite(err, f"nn_errors.{nn}")
-            if err < 0:
-                raise ValueError(f"nn_errors.{nn} is {err}; an NN error metric is never negative")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _default_hash(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("hash"):
+            data = {**data, "hash": content_hash(data.get("knobs") or {})}
+        return data
 
 
 class Conditions(_Record):
     """Field conditions; teams may add their own keys (soil, row_width_m, ...)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
     crop: str | None = None
     growth_stage: str | None = None
@@ -77,22 +67,17 @@ class Conditions(_Record):
 class Event(_Record):
     """Something that happened during a run, at a time and (when known) a place.
 
-    ``t_s`` is seconds since the run started (monotonic clock on the robot);
+    ``at`` is the wall-clock time (None when a spreadsheet import only knows where); ``t_s`` is seconds since the run started (monotonic clock on the robot);
     ``distance_m`` the odometer along the row; ``position`` any coordinates the robot
     has (``{"x": .., "y": ..}``, ``{"lat": .., "lon": ..}``).
     """
 
     kind: str = Field(pattern=_KIND_PATTERN)
-    at: AwareDatetime
+    at: AwareDatetime | None = None
     t_s: float | None = None
     distance_m: float | None = Field(default=None, ge=0)
     position: dict[str, float] | None = None
     data: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("t_s", "distance_m")
-    @classmethod
-    def _finite_numbers(cls, v: float | None, info) -> float | None:
-        return _finite(v, info.field_name)
 
 
 class Attachment(_Record):
@@ -100,7 +85,7 @@ class Attachment(_Record):
 
     path: str = Field(min_length=1)
     kind: str = ""
-    added_at: AwareDatetime
+    added_at: AwareDatetime | None = None
 
 
 class RunRecord(_Record):
@@ -126,9 +111,6 @@ class RunRecord(_Record):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunRecord:
-        _finite(self.distance_m, "distance_m")
-        for nn, err in (self.error_point or {}).items():
-            _finite(err, f"error_point.{nn}")
         if self.status == "incomplete" and self.ended_at is not None:
             raise ValueError("an incomplete run has no ended_at; set status to complete or aborted")
         if self.status != "incomplete" and self.ended_at is None:
@@ -139,11 +121,9 @@ class RunRecord(_Record):
 
     @property
     def error_space_point(self) -> dict[str, float] | None:
-        """Where in the NN-error space this run is evidence: the injected point, else
-        the deployed configuration's measured NN errors (None when neither is known)."""
-        if self.error_point:
-            return dict(self.error_point)
-        return dict(self.config.nn_errors) or None
+        """Where in the NN-error space this run is evidence: each injected error, and the
+        deployed configuration's measured error for every NN not injected (None if neither)."""
+        return {**self.config.nn_errors, **(self.error_point or {})} or None
 
     def count(self, kind: str) -> int:
         return sum(1 for e in self.events if e.kind == kind)
@@ -156,7 +136,3 @@ class RunRecord(_Record):
         seen = [e.distance_m for e in self.events if e.distance_m is not None]
         return max(seen) if seen else None
 
-
-def utc(dt: datetime) -> datetime:
-    """Normalise an aware datetime to UTC (naive ones are refused at the boundary)."""
-    return dt.astimezone(timezone.utc)

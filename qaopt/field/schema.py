@@ -94,7 +94,7 @@ events = Table(
     Column("run_id", String(64), ForeignKey("field_runs.id"), nullable=False, index=True),
     Column("seq", Integer, nullable=False),
     Column("kind", String(64), nullable=False),
-    Column("at", UTCDateTime, nullable=False),
+    Column("at", UTCDateTime, nullable=True),
     Column("t_s", Float, nullable=True),
     Column("distance_m", Float, nullable=True),
     Column("position", JSON, nullable=True),
@@ -109,5 +109,5 @@ attachments = Table(
     Column("run_id", String(64), ForeignKey("field_runs.id"), nullable=False, index=True),
     Column("path", Text, nullable=False),
     Column("kind", String(64), nullable=False),
-    Column("added_at", UTCDateTime, nullable=False),
+    Column("added_at", UTCDateTime, nullable=True),
 )

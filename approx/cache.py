@@ -1,0 +1,85 @@
+"""The on-disk store of built candidates, keyed by content hash.
+
+Layout under ``<cache_dir>/approx/``: ``float/<key>/`` holds a pruned, fine-tuned
+fp32 module (shared by the fp32, bf16, fp16 and int8 candidates made from it),
+``candidates/<key>/`` a candidate's metrics, residuals and int8 ONNX file,
+``teacher/<key>.npy`` the base NN's outputs on its training data. Entries are
+written to a temporary folder and renamed into place, so a killed run leaves no
+half-written entry; a lock per key stops two processes from building the same
+candidate twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from filelock import FileLock
+from torch import nn
+
+DEFAULT_CACHE_DIR = ".qaopt-cache"
+
+
+def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
+    """``cache_dir`` if given, else ``$QAOPT_CACHE_DIR``, else ``.qaopt-cache``."""
+    return Path(cache_dir or os.environ.get("QAOPT_CACHE_DIR") or DEFAULT_CACHE_DIR)
+
+
+class Store:
+    def __init__(self, cache_dir: str | Path | None):
+        self.root = resolve_cache_dir(cache_dir) / "approx"
+        for sub in ("float", "candidates", "teacher", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        with FileLock(self.root / "locks" / f"{key}.lock"):
+            yield
+
+    def entry(self, kind: str, key: str) -> Path | None:
+        path = self.root / kind / key
+        return path if path.is_dir() else None
+
+    @contextlib.contextmanager
+    def writing(self, kind: str, key: str) -> Iterator[Path]:
+        """A fresh folder to fill; it becomes ``<kind>/<key>`` only if the block ends without error."""
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.root / kind))
+        try:
+            yield tmp
+            os.replace(tmp, self.root / kind / key)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # Pruned modules have shapes the model's own code does not build, so they are
+    # stored whole (pickled by torch); the cache holds only files qaopt wrote itself.
+    @staticmethod
+    def save_module(module: nn.Module, folder: Path) -> None:
+        torch.save(module, folder / "model.pt")
+
+    @staticmethod
+    def load_module(folder: Path) -> nn.Module:
+        return torch.load(folder / "model.pt", map_location="cpu", weights_only=False).eval()
+
+    @staticmethod
+    def save_json(data: dict, path: Path) -> None:
+        path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+    @staticmethod
+    def load_json(path: Path) -> dict:
+        return json.loads(path.read_text())
+
+    def teacher_outputs(self, key: str) -> np.ndarray | None:
+        path = self.root / "teacher" / f"{key}.npy"
+        return np.load(path) if path.exists() else None
+
+    def save_teacher_outputs(self, key: str, outputs: np.ndarray) -> None:
+        tmp = self.root / "teacher" / f".{key}.{os.getpid()}.npy"
+        np.save(tmp, outputs)
+        os.replace(tmp, self.root / "teacher" / f"{key}.npy")

@@ -1,0 +1,58 @@
+"""A built candidate NN: what runs, on which backends, and what it costs in error and size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+from torch import nn
+
+from .knobs import Knobs
+from .quantize import ort_session, predict_onnx, predict_torch
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """One approximated NN, as the search and the kernels see it.
+
+    ``module`` is the pruned, fine-tuned torch module in the knobs' float dtype
+    (fp32 for int8: the module the int8 graph was quantized from, for backends
+    that import torch). ``onnx_path`` is the int8 QDQ ONNX file when the dtype is
+    int8, else ``None``. ``runnable_on`` names the backends (as in the spec's
+    ``target.backend``) with kernels for this candidate. ``error`` is the NN's
+    error metric (``metric``, in the output's unit) on its validation data, and
+    ``residuals`` are the signed errors along each validation drive, in time
+    order. MACs and parameters are counted on the pruned model: reported beside
+    latency, never in its place. ``key`` is the content hash the candidate is
+    cached under.
+    """
+
+    nn: str
+    knobs: Knobs
+    key: str
+    module: nn.Module
+    onnx_path: Path | None
+    runnable_on: tuple[str, ...]
+    metric: str
+    error: float
+    residuals: tuple[np.ndarray, ...]
+    macs: int
+    params: int
+    build_seconds: float
+    from_cache: bool
+
+    @property
+    def dtype(self) -> str:
+        return self.knobs.dtype
+
+    @cached_property
+    def _session(self):
+        return ort_session(self.onnx_path)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The candidate's outputs for a batch of inputs, computed in its own dtype."""
+        if self.onnx_path is not None:
+            return predict_onnx(self._session, x)
+        return predict_torch(self.module, x)

@@ -1,0 +1,276 @@
+"""The result of calibration: which NN-error vectors keep the application's QoS.
+
+An :class:`ErrorRegion` holds every observation (a point, its runs, its verdict,
+its source) and answers ``contains(errors)`` in two modes:
+
+- ``certified``: the point is dominated by a point accepted by the statistical
+  test (and dominates no rejected one). Safe by construction, and conservative.
+- ``predicted``: the monotone classifier's P(valid) is at least ``threshold``.
+  Less conservative; it extrapolates between the evaluated points.
+
+``margin`` (a fraction of each axis' range) asks for the point *plus* that
+margin to be inside, leaving headroom for an NN's error measured on finite data.
+
+Evidence from outside the simulator (field runs, labelled by source) joins the
+simulator's observations. Where the two disagree the field wins: a field verdict
+at a point replaces the simulator's there, and by monotonicity also overturns
+simulator verdicts it contradicts (a field failure at q makes every simulator-valid
+point above q invalid; a field success at q makes every simulator-invalid point
+below q valid). Field runs are judged by one fixed-sample Clopper-Pearson test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from qaopt.calibrate.acceptance import AcceptanceTest, Verdict
+from qaopt.calibrate.classifier import MonotoneProbability
+from qaopt.calibrate.dominance import Dominance
+from qaopt.calibrate.error_models import error_metric
+from qaopt.calibrate.errors import CalibrationError
+from qaopt.calibrate.space import ErrorSpace
+
+SIMULATOR = "simulator"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One source's runs at one point. ``message`` says why a failed evaluation failed."""
+
+    errors: dict[str, float]
+    passes: int
+    failures: int
+    verdict: Verdict
+    source: str = SIMULATOR
+    message: str = ""
+
+    @property
+    def trials(self) -> int:
+        return self.passes + self.failures
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "verdict": self.verdict.value}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Observation:
+        return cls(**{**d, "errors": dict(d["errors"]), "verdict": Verdict(d["verdict"])})
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Runs observed outside the simulator at one NN-error vector (e.g. field runs).
+
+    ``errors`` uses the region's axis names (see :meth:`ErrorRegion.errors_of` to
+    get them from an NN's measured residuals); ``source`` labels where the runs
+    came from (``"field"``, ``"field:2026-11-20"``, ...). It must not be ``"simulator"``.
+    """
+
+    errors: Mapping[str, float]
+    passes: int
+    failures: int
+    source: str = "field"
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.source == SIMULATOR:
+            raise CalibrationError("evidence: source 'simulator' is reserved; label field runs e.g. 'field'")
+        if self.passes < 0 or self.failures < 0 or self.passes + self.failures == 0:
+            raise CalibrationError(
+                f"evidence from '{self.source}' at {dict(self.errors)}: passes and failures must be "
+                ">= 0 with at least one run"
+            )
+
+
+@dataclass(frozen=True)
+class LabelledPoint:
+    """A point's final label after pooling its sources (what the region is built from)."""
+
+    errors: dict[str, float]
+    unit: np.ndarray = field(repr=False)
+    valid: bool
+    sources: tuple[str, ...]
+    overturned: bool  # the field's verdict replaced the simulator's here
+
+
+class ErrorRegion:
+    """Observations over an :class:`ErrorSpace`, judged by an :class:`AcceptanceTest`."""
+
+    def __init__(
+        self,
+        space: ErrorSpace,
+        acceptance: AcceptanceTest,
+        observations: Sequence[Observation] = (),
+        metrics: Mapping[str, str] | None = None,
+        info: Mapping | None = None,
+    ):
+        self.space = space
+        self.acceptance = acceptance
+        self.observations: list[Observation] = list(observations)
+        self.metrics = dict(metrics or {nn: "l1" for nn in space.nns})
+        self.info = dict(info or {})
+        self._model: MonotoneProbability | None = None
+        self._labelled: list[LabelledPoint] | None = None
+
+    # -- building -------------------------------------------------------------------
+    def add(self, observation: Observation) -> None:
+        self.space.to_unit(observation.errors)  # rejects a vector of other axes
+        self.observations.append(observation)
+        self._model = self._labelled = None
+
+    def add_evidence(self, evidence: Evidence | Sequence[Evidence]) -> None:
+        """Fold externally observed runs into the region (field wins where it disagrees)."""
+        for ev in [evidence] if isinstance(evidence, Evidence) else evidence:
+            verdict = self.acceptance.decide_fixed(ev.failures, ev.passes + ev.failures)
+            self.add(Observation(dict(ev.errors), ev.passes, ev.failures, verdict, ev.source, ev.note))
+
+    # -- labels ---------------------------------------------------------------------
+    def labelled(self) -> list[LabelledPoint]:
+        """Each distinct point once, with its label after pooling sources and field overrides."""
+        if self._labelled is not None:
+            return self._labelled
+        groups: dict[tuple, list[Observation]] = {}
+        for ob in self.observations:
+            key = tuple(np.round(self.space.to_unit(ob.errors), 9))
+            groups.setdefault(key, []).append(ob)
+        points, sim_label, field_label = [], [], []
+        for key, obs in groups.items():
+            sim = [o for o in obs if o.source == SIMULATOR and o.verdict is not Verdict.FAILED]
+            fld = [o for o in obs if o.source != SIMULATOR]
+            s = None if not sim else sim[-1].verdict is Verdict.VALID
+            f = None
+            if fld:
+                v = self.acceptance.decide_fixed(sum(o.failures for o in fld), sum(o.trials for o in fld))
+                f = None if v is Verdict.UNDECIDED else v is Verdict.VALID
+            if s is None and f is None:
+                continue
+            points.append((np.array(key), obs))
+            sim_label.append(s)
+            field_label.append(f)
+        labels = [f if f is not None else s for s, f in zip(sim_label, field_label)]
+        overturned = [f is not None and s is not None and f != s for s, f in zip(sim_label, field_label)]
+        # a field verdict also overturns simulator verdicts that monotonicity says contradict it
+        for i, (q, _) in enumerate(points):
+            if field_label[i] is None:
+                continue
+            for j, (p, _) in enumerate(points):
+                if field_label[j] is not None or labels[j] == field_label[i]:
+                    continue
+                if (field_label[i] is False and (q <= p + 1e-12).all()) or (
+                    field_label[i] is True and (p <= q + 1e-12).all()
+                ):
+                    labels[j], overturned[j] = field_label[i], True
+        self._labelled = [
+            LabelledPoint(dict(obs[0].errors), self.space.to_unit(obs[0].errors), bool(lab), tuple(dict.fromkeys(o.source for o in obs)), ov)
+            for (x, obs), lab, ov in zip(points, labels, overturned)
+        ]
+        return self._labelled
+
+    def _xy(self) -> tuple[np.ndarray, np.ndarray]:
+        pts = self.labelled()
+        X = np.array([p.unit for p in pts]).reshape(-1, self.space.dim)
+        return X, np.array([p.valid for p in pts], dtype=bool)
+
+    def dominance(self) -> Dominance:
+        return Dominance.from_labels(*self._xy())
+
+    @property
+    def model(self) -> MonotoneProbability:
+        if self._model is None:
+            self._model = MonotoneProbability().fit(*self._xy())
+        return self._model
+
+    # -- queries --------------------------------------------------------------------
+    def _unit(self, errors: Mapping[str, float], margin: float) -> np.ndarray:
+        return self.space.to_unit(errors) + margin
+
+    def contains(
+        self, errors: Mapping[str, float], mode: str = "certified", margin: float = 0.0, threshold: float = 0.5
+    ) -> bool:
+        """Whether an NN-error vector (axis name -> value, in the axes' units) keeps QoS."""
+        return bool(self.contains_unit(self._unit(errors, margin)[None], mode, threshold)[0])
+
+    def contains_unit(self, U: np.ndarray, mode: str = "certified", threshold: float = 0.5) -> np.ndarray:
+        """Vectorized :meth:`contains` over unit-cube points (rows)."""
+        if mode == "certified":
+            return self.dominance().labels(U) > 0
+        if mode == "predicted":
+            return self.model.predict_proba(U) >= threshold
+        raise CalibrationError(f"region mode '{mode}' is unknown; use 'certified' or 'predicted'")
+
+    def probability(self, errors: Mapping[str, float], margin: float = 0.0) -> float:
+        """The classifier's P(valid), 1/0 where monotonicity decides."""
+        return float(self.model.predict_proba(self._unit(errors, margin)[None])[0])
+
+    def errors_of(self, residuals: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """The point of this space that NNs with these residuals (estimate - truth) sit at."""
+        out = {}
+        for a in self.space.axes:
+            if a.nn not in residuals:
+                raise CalibrationError(f"residuals: NN '{a.nn}' is calibrated but has no residuals")
+            r = np.asarray(residuals[a.nn], dtype=float).ravel()
+            out[a.name] = {
+                "metric": lambda: error_metric(self.metrics.get(a.nn, "l1"), r),
+                "bias": lambda: abs(float(r.mean())),
+                "sigma": lambda: float(r.std()),
+            }[a.component]()
+        return out
+
+    @property
+    def evaluations(self) -> int:
+        return sum(o.source == SIMULATOR for o in self.observations)
+
+    @property
+    def trials(self) -> int:
+        return sum(o.trials for o in self.observations if o.source == SIMULATOR)
+
+    # -- persistence ----------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT_VERSION,
+            "axes": self.space.to_json(),
+            "metrics": self.metrics,
+            "acceptance": self.acceptance.to_json(),
+            "info": self.info,
+            "observations": [o.to_json() for o in self.observations],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> ErrorRegion:
+        if data.get("format") != FORMAT_VERSION:
+            raise CalibrationError(f"region file has format {data.get('format')!r}; this qaopt reads {FORMAT_VERSION}")
+        return cls(
+            ErrorSpace.from_json(data["axes"]),
+            AcceptanceTest(**data["acceptance"]),
+            [Observation.from_json(o) for o in data["observations"]],
+            data.get("metrics"),
+            data.get("info"),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> ErrorRegion:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CalibrationError(f"{path}: cannot read the region ({e}); run `qaopt calibrate` again") from e
+        return cls.from_json(data)
+
+    def plot(self, path: str | Path, x: str | None = None, y: str | None = None,
+             fixed: Mapping[str, float] | None = None, resolution: int = 200) -> Path:
+        """Write a PNG of a 2-D slice (see :func:`qaopt.calibrate.plot.plot_region`)."""
+        from qaopt.calibrate.plot import plot_region
+
+        return plot_region(self, path, x, y, fixed, resolution)

@@ -1,0 +1,195 @@
+"""Region search strategies: which point of the error space to evaluate next.
+
+A strategy works in the unit cube and speaks ask/tell (as Optuna's samplers do):
+``ask()`` proposes a point (``None`` when nothing is left worth evaluating) and
+``tell(x, valid)`` reports its outcome (``None`` when the evaluation failed). The
+driver answers points whose label monotonicity already implies without spending
+budget, and tells evidence (field runs, a resumed run) before the first ask, so a
+strategy never has to know where a label came from.
+
+- ``bisect``: ApproxCaliper's baseline. Binary search along the diagonal of the
+  largest unresolved box for the boundary, then split the box at the boundary
+  point into its mixed sub-boxes (2 in 2-D, ``2^d - 2`` in d-D).
+- ``monotone``: N-D monotone boundary search. Each query is the unresolved point
+  that maximizes the unresolved volume removed in the worse of its two outcomes
+  (valid removes what it dominates, invalid what dominates it): a generalized
+  binary search whose guarantee does not depend on a model being right.
+- ``active``: uncertainty sampling with a scikit-learn probabilistic classifier
+  kept monotone by the certain labels (:class:`MonotoneProbability`); it queries
+  unresolved points that the classifier is unsure of and that would resolve much
+  volume, and its region is the classifier's, not only the certified staircase.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Generator
+from typing import Protocol
+
+import numpy as np
+from scipy.stats import qmc
+
+from qaopt.calibrate.classifier import MonotoneProbability
+from qaopt.calibrate.dominance import Dominance
+from qaopt.calibrate.errors import CalibrationError
+
+
+class Strategy(Protocol):
+    def ask(self) -> np.ndarray | None: ...
+
+    def tell(self, x: np.ndarray, valid: bool | None) -> None: ...
+
+
+class _Told:
+    """The labels told so far; failed points are remembered so they are not asked again."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self.X: list[np.ndarray] = []
+        self.y: list[bool] = []
+        self.failed: list[np.ndarray] = []
+
+    def tell(self, x: np.ndarray, valid: bool | None) -> None:
+        x = np.asarray(x, dtype=float)
+        if valid is None:
+            self.failed.append(x)
+        else:
+            self.X.append(x)
+            self.y.append(bool(valid))
+
+    def dominance(self) -> Dominance:
+        return Dominance.from_labels(np.reshape(self.X, (-1, self.dim)), np.array(self.y, dtype=bool))
+
+
+class BisectSearch(_Told):
+    """ApproxCaliper's diagonal bisection; ``depth`` halvings of each box's diagonal.
+
+    A failed evaluation is taken as invalid for the bisection's next step (the
+    conservative reading); the region itself ignores it.
+    """
+
+    def __init__(self, dim: int, depth: int = 3, min_volume: float = 1e-6):
+        super().__init__(dim)
+        self.depth, self.min_volume = depth, min_volume
+        self._gen = self._search()
+        self._pending: np.ndarray | None = None
+        self._answer: bool | None = None
+        self._started = False
+
+    def _search(self) -> Generator[np.ndarray, bool, None]:
+        tie = itertools.count()
+        heap = [(-1.0, next(tie), np.zeros(self.dim), np.ones(self.dim))]
+        while heap:
+            neg_vol, _, lo, hi = heapq.heappop(heap)
+            if -neg_vol < self.min_volume:
+                return
+            dom = self.dominance()
+            if dom.implied(lo) is False or dom.implied(hi) is True:
+                continue  # the box is resolved already
+            t_lo, t_hi = 0.0, 1.0
+            for _ in range(self.depth):
+                t = (t_lo + t_hi) / 2
+                if (yield lo + t * (hi - lo)):
+                    t_lo = t
+                else:
+                    t_hi = t
+            c = lo + (t_lo + t_hi) / 2 * (hi - lo)
+            for upper in itertools.product((False, True), repeat=self.dim):
+                if all(upper) or not any(upper):
+                    continue
+                b_lo, b_hi = np.where(upper, c, lo), np.where(upper, hi, c)
+                heapq.heappush(heap, (-float(np.prod(b_hi - b_lo)), next(tie), b_lo, b_hi))
+
+    def ask(self) -> np.ndarray | None:
+        try:
+            if not self._started:
+                self._started = True
+                self._pending = next(self._gen)
+            elif self._pending is None:
+                return None
+            return self._pending
+        except StopIteration:
+            self._pending = None
+            return None
+
+    def tell(self, x: np.ndarray, valid: bool | None) -> None:
+        super().tell(x, valid)
+        if self._pending is not None and np.allclose(x, self._pending):
+            try:
+                self._pending = self._gen.send(bool(valid))
+            except StopIteration:
+                self._pending = None
+
+
+class MonotoneSearch(_Told):
+    """Maximin-volume queries over a Sobol sample of the cube (``n_samples`` points)."""
+
+    def __init__(self, dim: int, n_samples: int = 4096, n_candidates: int = 1024, seed: int = 0):
+        super().__init__(dim)
+        self.samples = qmc.Sobol(dim, scramble=True, seed=seed).random(n_samples)
+        self.n_candidates = n_candidates
+        self.rng = np.random.default_rng(seed)
+
+    def _unresolved(self) -> tuple[np.ndarray, np.ndarray]:
+        """Unresolved samples, and the candidates among them (never a failed point)."""
+        U = self.samples[self.dominance().labels(self.samples) == 0]
+        C = U
+        if self.failed:
+            F = np.asarray(self.failed)
+            C = C[~(np.abs(C[:, None, :] - F[None]) < 1e-9).all(2).any(1)]
+        if len(C) > self.n_candidates:
+            C = C[np.sort(self.rng.choice(len(C), self.n_candidates, replace=False))]
+        return U, C
+
+    @staticmethod
+    def _volumes(U: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Unresolved samples each candidate would resolve if valid / if invalid."""
+        below = (U[None, :, :] <= C[:, None, :]).all(2).sum(1)
+        above = (U[None, :, :] >= C[:, None, :]).all(2).sum(1)
+        return below.astype(float), above.astype(float)
+
+    def ask(self) -> np.ndarray | None:
+        U, C = self._unresolved()
+        if len(C) == 0:
+            return None
+        below, above = self._volumes(U, C)
+        return C[int(np.argmax(np.minimum(below, above)))]
+
+
+class ActiveSearch(MonotoneSearch):
+    """Uncertainty sampling: maximize ``p(1-p)`` times the volume the answer is expected to resolve.
+
+    ``estimator`` is any scikit-learn classifier with ``predict_proba`` (default: a
+    Gaussian-process classifier). Until both outcomes are seen it queries as
+    :class:`MonotoneSearch` does.
+    """
+
+    def __init__(self, dim: int, estimator=None, seed: int = 0, **kwargs):
+        super().__init__(dim, seed=seed, **kwargs)
+        self.estimator, self.seed = estimator, seed
+
+    def ask(self) -> np.ndarray | None:
+        if len(set(self.y)) < 2:
+            return super().ask()
+        U, C = self._unresolved()
+        if len(C) == 0:
+            return None
+        model = MonotoneProbability(self.estimator, seed=self.seed).fit(np.asarray(self.X), np.asarray(self.y))
+        p = model.predict_proba(C)
+        below, above = self._volumes(U, C)
+        return C[int(np.argmax(p * (1 - p) * (p * below + (1 - p) * above)))]
+
+
+STRATEGIES = {"bisect": BisectSearch, "monotone": MonotoneSearch, "active": ActiveSearch}
+
+
+def make_strategy(name: str, dim: int, seed: int = 0) -> Strategy:
+    """A strategy by its spec/CLI name."""
+    if name not in STRATEGIES:
+        raise CalibrationError(
+            f"calibration.strategy: '{name}' is unknown; use one of {', '.join(STRATEGIES)}"
+        )
+    if name == "bisect":
+        return BisectSearch(dim)
+    return STRATEGIES[name](dim, seed=seed)

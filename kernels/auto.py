@@ -1,0 +1,163 @@
+"""``auto``: measure a candidate on every usable backend and keep the fastest, recording all figures.
+
+Luthier's lesson: vendor libraries are strong and immediate, auto-tuning is
+slow and wins only sometimes. So the vendor backends are measured first, and
+TVM comes last with the best of them as its incumbent: tuning is skipped when
+it cannot win (see :mod:`.tuning`). A backend that cannot run the candidate, or
+crashes, is recorded with its reason and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qaopt.app_spec.hashing import content_hash
+
+from .backend import Model, get_backend, model_key
+from .errors import KernelsError
+from .measure import Measurement, Protocol
+from .target import Target
+
+CPU_BACKENDS = ("torch", "torch[channels_last]", "onnxruntime", "tvm")
+"""Default for CPU targets. Inductor is left out: it costs ~25 s per candidate to compile and matched eager here
+(../shared/STACK.md); name it in ``backends`` to include it."""
+CUDA_BACKENDS = ("torch", "torch-compile")
+RPC_BACKENDS = ("tvm",)
+
+
+@dataclass
+class Outcome:
+    """One backend's result for one candidate: a measurement, or the reason there is none."""
+
+    backend: str
+    measurement: Measurement | None = None
+    error: str | None = None
+    tuning: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "error": self.error, "tuning": self.tuning,
+                "measurement": self.measurement.to_dict() if self.measurement else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        m = data.get("measurement")
+        if m:
+            m = Measurement(**{**m, "samples_ms": tuple(m["samples_ms"])})
+        return cls(backend=data["backend"], measurement=m, error=data.get("error"), tuning=data.get("tuning"))
+
+
+@dataclass
+class AutoCompiled:
+    """The fastest backend's compiled model, plus every backend's outcome."""
+
+    best: Any  # Compiled
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def backend(self) -> str:
+        return self.best.backend
+
+    @property
+    def target(self) -> Target:
+        return self.best.target
+
+    @property
+    def best_outcome(self) -> Outcome:
+        return next(o for o in self.outcomes if o.backend == self.best.backend and o.measurement)
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        return self.best.run(*inputs)
+
+    def measure(self, protocol: Protocol = Protocol()) -> Measurement:
+        return self.best.measure(protocol)
+
+    def export(self, path: str | Path) -> Path:
+        return self.best.export(path)
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per backend: median, spread, memory, or the error."""
+        return [{"backend": o.backend, "median_ms": o.measurement.median_ms if o.measurement else None,
+                 "spread_ms": o.measurement.spread_ms if o.measurement else None,
+                 "peak_mem_bytes": o.measurement.peak_mem_bytes if o.measurement else None,
+                 "error": o.error} for o in self.outcomes]
+
+
+class AutoBackend:
+    """Compiles and measures on each backend in ``backends`` (default: all usable for the device), keeps the fastest.
+
+    With ``cache_dir`` the outcomes are stored under the candidate's content hash,
+    so a resumed run measures nothing twice (it recompiles only the winner).
+    ``incumbent_ms`` is the caller's best latency so far (the Pareto front's),
+    used to skip tuning that cannot win.
+    """
+
+    name = "auto"
+
+    def __init__(self, backends: Sequence[str] | None = None, cache_dir: str | Path | None = None,
+                 protocol: Protocol = Protocol(), incumbent_ms: float | None = None):
+        self.backends = tuple(backends) if backends else None
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.protocol = protocol
+        self.incumbent_ms = incumbent_ms
+
+    def unavailable_reason(self, target: Target) -> str | None:
+        return None
+
+    def _names(self, target: Target) -> tuple[str, ...]:
+        if self.backends:
+            return self.backends
+        return {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}[target.device]
+
+    def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> AutoCompiled:
+        names = self._names(target)
+        cache = self._cache_file(model, example_inputs, target, names)
+        if cache is not None and cache.exists():
+            outcomes = [Outcome.from_dict(d) for d in json.loads(cache.read_text())]
+            best = min((o for o in outcomes if o.measurement), key=lambda o: o.measurement.median_ms)
+            compiled = self._backend(best.backend, None).compile(model, example_inputs, target.with_backend(best.backend))
+            return AutoCompiled(compiled, outcomes)
+        outcomes: list[Outcome] = []
+        best_compiled, best_ms = None, float("inf")
+        for name in names:
+            incumbent = min(best_ms, self.incumbent_ms if self.incumbent_ms is not None else float("inf"))
+            outcome, compiled = self._try(name, model, example_inputs, target, incumbent)
+            outcomes.append(outcome)
+            if outcome.measurement and outcome.measurement.median_ms < best_ms:
+                best_compiled, best_ms = compiled, outcome.measurement.median_ms
+        if best_compiled is None:
+            raise KernelsError("no backend could run the model: " + "; ".join(f"{o.backend}: {o.error}" for o in outcomes))
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps([o.to_dict() for o in outcomes], indent=1))
+        return AutoCompiled(best_compiled, outcomes)
+
+    def _backend(self, name: str, incumbent_ms: float | None) -> Any:
+        return get_backend(name, cache_dir=self.cache_dir, incumbent_ms=incumbent_ms)
+
+    def _try(self, name: str, model: Model, example_inputs: Sequence[Any], target: Target,
+             incumbent_ms: float) -> tuple[Outcome, Any]:
+        try:
+            backend = self._backend(name, incumbent_ms if incumbent_ms < float("inf") else None)
+            reason = backend.unavailable_reason(target)
+            if reason:
+                return Outcome(name, error=f"unavailable: {reason}"), None
+            compiled = backend.compile(model, example_inputs, target.with_backend(backend.name.split("[")[0]))
+            measurement = compiled.measure(self.protocol)
+        except KernelsError as exc:
+            return Outcome(name, error=str(exc)), None
+        except Exception as exc:  # a crash in one backend is recorded, never fatal to the caller
+            return Outcome(name, error=f"crashed: {type(exc).__name__}: {exc}"), None
+        tuning = getattr(compiled, "tuning", None)
+        return Outcome(name, measurement, tuning=tuning.to_dict() if tuning is not None else None), compiled
+
+    def _cache_file(self, model: Model, example_inputs: Sequence[Any], target: Target, names: Sequence[str]) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        key = content_hash(model_key(model, example_inputs), target.to_dict(), list(names), self.protocol.__dict__)
+        return self.cache_dir / "kernels" / "outcomes" / f"{key}.json"

@@ -1,0 +1,124 @@
+"""ONNX Runtime: the CPU vendor runtime edge teams already ship (it runs on a Raspberry Pi too).
+
+Takes ONNX files (fp32, or int8 QDQ from static quantization) as they are, and
+torch modules after exporting them to ONNX (opset 17, the TorchScript exporter,
+which handles the CropFollow NNs; see ../shared/STACK.md).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backend import LocalCompiled, Model, describe, is_onnx, model_dtype, torch_inputs, unsupported
+from .errors import BuildError, UnsupportedOperatorError
+from .target import Target
+
+OPSET = 17
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\)")
+_NO_EXPORT = re.compile(r"Exporting the operator '([\w:.]+)' to ONNX")
+
+
+def export_onnx(module: Any, example_inputs: Sequence[Any], path: Path, backend: str = "onnxruntime") -> Path:
+    """Export a torch module to ONNX; an operator ONNX cannot express is named in the error."""
+    import torch
+
+    try:
+        torch.onnx.export(module.eval(), torch_inputs(example_inputs, like=module), str(path), dynamo=False,
+                          opset_version=OPSET, input_names=[f"input{i}" for i in range(len(example_inputs))])
+    except Exception as exc:
+        match = _NO_EXPORT.search(str(exc))
+        if match:
+            raise UnsupportedOperatorError(match.group(1), backend, describe(module),
+                                           f"ONNX opset {OPSET} cannot express it; choose backend torch or tvm") from exc
+        raise unsupported(backend, module, f"ONNX export failed: {type(exc).__name__}: {exc}") from exc
+    return path
+
+
+def onnx_param_bytes(path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return int(sum(len(t.raw_data) or 0 for t in model.graph.initializer))
+
+
+class OrtCompiled(LocalCompiled):
+    backend = "onnxruntime"
+
+    def __init__(self, session: Any, onnx_path: Path, example_inputs: Sequence[Any], target: Target, tmp: Any):
+        super().__init__(target, example_inputs, onnx_param_bytes(onnx_path))
+        self.session = session
+        self.onnx_path = onnx_path
+        self._tmp = tmp  # keeps the exported file alive as long as the session
+        self._names = [i.name for i in session.get_inputs()]
+        self._feed = self._feed_of(self.example_inputs)
+
+    def _feed_of(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        return {n: np.ascontiguousarray(x, dtype=np.float32 if x.dtype == np.float64 else x.dtype)
+                for n, x in zip(self._names, inputs)}
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        return list(self.session.run(None, self._feed_of(inputs) if inputs else self._feed))
+
+    def _bind(self) -> Callable[[], Any]:
+        session, feed = self.session, self._feed
+        return lambda: session.run(None, feed)
+
+    def export(self, path: str | Path) -> Path:
+        path = Path(path).with_suffix(".onnx")
+        shutil.copyfile(self.onnx_path, path)
+        return path
+
+
+class OnnxRuntimeBackend:
+    """ONNX Runtime's CPU execution provider (CUDA provider when the target is cuda and it is installed)."""
+
+    name = "onnxruntime"
+
+    def unavailable_reason(self, target: Target) -> str | None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return "onnxruntime is not installed"
+        if target.device == "rpc":
+            return "it runs in this process only; use backend 'tvm' for remote devices"
+        if target.device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            return "this onnxruntime build has no CUDA execution provider"
+        return None
+
+    def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> OrtCompiled:
+        import onnxruntime as ort
+
+        tmp = None
+        if is_onnx(model):
+            path = Path(model)
+        elif isinstance(model, (str, Path)):
+            raise unsupported(self.name, model, "expected an .onnx file or a torch module")
+        else:
+            if model_dtype(model) == "bfloat16":
+                raise unsupported(self.name, model, "onnxruntime's CPU provider has no bf16 convolution kernels; "
+                                  "run bf16 candidates on backend 'torch', or give an fp32/int8 ONNX model")
+            tmp = tempfile.TemporaryDirectory(prefix="qaopt-ort-")
+            module = model.module() if hasattr(model, "graph_signature") else model
+            path = export_onnx(module, example_inputs, Path(tmp.name) / "model.onnx", self.name)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.inter_op_num_threads = 1
+        if target.threads:
+            options.intra_op_num_threads = target.threads
+        providers = ["CUDAExecutionProvider"] if target.device == "cuda" else ["CPUExecutionProvider"]
+        try:
+            session = ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as exc:
+            match = _NO_KERNEL.search(str(exc))
+            if match:
+                raise UnsupportedOperatorError(f"{match.group(1)} (opset {match.group(2)})", self.name, describe(model),
+                                               "no kernel for these input types; choose backend torch or tvm") from exc
+            raise BuildError(f"{describe(model)}: backend '{self.name}' could not load the model: {exc}") from exc
+        return OrtCompiled(session, path, example_inputs, target, tmp)

@@ -1,0 +1,196 @@
+"""PyTorch backends: eager (the vendor-library baseline: oneDNN on CPU, cuDNN on GPU) and Inductor.
+
+Eager needs no compilation and is strong on this CPU (../shared/STACK.md), so it
+is the floor every tuned candidate must beat (Luthier's lesson).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backend import LocalCompiled, Model, as_numpy, param_bytes_of, require_torch_model, torch_inputs, unsupported
+from .errors import BuildError
+from .target import Target
+
+
+def _module_of(model: Model) -> Any:
+    import torch
+
+    return model.module() if isinstance(model, torch.export.ExportedProgram) else model
+
+
+def _torch_unavailable(target: Target) -> str | None:
+    import torch
+
+    if target.device == "rpc":
+        return "it runs in this process only; use backend 'tvm' for remote devices"
+    if target.device == "cuda" and not torch.cuda.is_available():
+        return "target.device is cuda but this torch build sees no CUDA GPU"
+    return None
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Apply the target's thread count to torch's intra-op pool, and restore it after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class TorchCompiled(LocalCompiled):
+    """A torch module (eager or compiled by Inductor) placed on the target device."""
+
+    def __init__(self, backend: str, fn: Callable[..., Any], module: Any, example_inputs: Sequence[Any], target: Target,
+                 channels_last: bool, exported: Any):
+        super().__init__(target, example_inputs, param_bytes_of(module))
+        self.backend = backend
+        self.fn = fn
+        self.module = module
+        self.channels_last = channels_last
+        self._exported = exported
+        self._device_inputs = self._to_device(torch_inputs(example_inputs, like=module))
+
+    def _to_device(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        import torch
+
+        device = "cuda" if self.target.device == "cuda" else "cpu"
+        out = []
+        for t in inputs:
+            t = t.to(device)
+            if self.channels_last and t.dim() == 4:
+                t = t.contiguous(memory_format=torch.channels_last)
+            out.append(t)
+        return tuple(out)
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        import torch
+
+        with torch.inference_mode(), self._threads():
+            out = self.fn(*self._to_device(torch_inputs(inputs or self.example_inputs, like=self.module)))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        return [as_numpy(o) for o in outs]
+
+    def _bind(self) -> Callable[[], Any]:
+        import torch
+
+        fn, inputs = self.fn, self._device_inputs
+
+        def call() -> Any:
+            with torch.inference_mode():
+                return fn(*inputs)
+
+        return call
+
+    def _threads(self) -> Any:
+        return torch_threads(self.target.threads)
+
+    def _sync(self) -> Callable[[], None] | None:
+        import torch
+
+        return torch.cuda.synchronize if self.target.device == "cuda" else None
+
+    def _cuda_peak(self) -> Any:
+        import torch
+
+        if self.target.device != "cuda":
+            return None
+        return lambda: (torch.cuda.reset_peak_memory_stats, lambda: torch.cuda.max_memory_allocated() - self.param_bytes)
+
+    def export(self, path: str | Path) -> Path:
+        """Eager: the torch.export program (.pt2). Inductor: an AOTInductor package, compiled ahead of time."""
+        import torch
+
+        path = Path(path)
+        ep = self._exported()
+        if self.backend == "torch-compile":
+            return Path(torch._inductor.aoti_compile_and_package(ep, package_path=str(path.with_suffix(".pt2"))))
+        torch.export.save(ep, path.with_suffix(".pt2"))
+        return path.with_suffix(".pt2")
+
+
+class TorchBackend:
+    """Eager PyTorch under ``torch.inference_mode()``; ``channels_last`` uses NHWC activations (faster oneDNN convs here)."""
+
+    def __init__(self, channels_last: bool = False):
+        self.channels_last = channels_last
+        self.name = "torch" + ("[channels_last]" if channels_last else "")
+
+    def unavailable_reason(self, target: Target) -> str | None:
+        return _torch_unavailable(target)
+
+    def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> TorchCompiled:
+        require_torch_model(model, self.name)
+        module = _prepare(model, target, self.channels_last)
+        return TorchCompiled(self.name, module, module, example_inputs, target, self.channels_last,
+                             _exporter(module, example_inputs))
+
+
+class TorchCompileBackend:
+    """Inductor (``torch.compile``): ``max-autotune`` (Triton autotuning) on GPU, the default mode on CPU.
+
+    Compilation happens on the first call, so :meth:`compile` runs the model once
+    and reports the time as ``compile_s``; a compile error becomes a :class:`BuildError`.
+    """
+
+    name = "torch-compile"
+
+    def __init__(self, mode: str | None = None):
+        self.mode = mode
+
+    def unavailable_reason(self, target: Target) -> str | None:
+        return _torch_unavailable(target)
+
+    def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> TorchCompiled:
+        import torch
+
+        require_torch_model(model, self.name)
+        module = _prepare(model, target, channels_last=False)
+        mode = self.mode or ("max-autotune" if target.device == "cuda" else "default")
+        compiled = TorchCompiled(self.name, torch.compile(module, mode=mode), module, example_inputs, target, False,
+                                 _exporter(module, example_inputs))
+        start = time.perf_counter()
+        try:
+            with torch_threads(target.threads):
+                compiled._bind()()
+        except Exception as exc:
+            raise BuildError(f"backend '{self.name}' (mode {mode}) failed to compile {type(module).__name__}: "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        compiled.compile_seconds = time.perf_counter() - start
+        return compiled
+
+
+def _prepare(model: Model, target: Target, channels_last: bool) -> Any:
+    import torch
+
+    module = _module_of(model)
+    if isinstance(module, torch.nn.Module) and hasattr(module, "eval") and not isinstance(module, torch.fx.GraphModule):
+        module = module.eval()
+    if target.device == "cuda":
+        module = module.to("cuda")
+    if channels_last:
+        module = module.to(memory_format=torch.channels_last)
+    return module
+
+
+def _exporter(module: Any, example_inputs: Sequence[Any]) -> Callable[[], Any]:
+    def export() -> Any:
+        import torch
+
+        try:
+            return torch.export.export(module, torch_inputs(example_inputs, like=module))
+        except Exception as exc:
+            raise unsupported("torch", module, f"torch.export failed: {type(exc).__name__}: {exc}") from exc
+
+    return export

@@ -1,0 +1,334 @@
+"""Tuning-cost control: a shared database, survey tuning with an early stop, skipping cold candidates.
+
+Why each piece (../shared/STACK.md: one MetaSchedule trial costs seconds on 2 cores):
+
+* **One database per target** (:class:`TuningDatabase`), shared by every candidate
+  and run: pruned NNs with channels rounded to 8 share layer shapes, so a task
+  tuned once is looked up, not tuned again. The hit rate is reported.
+* **Survey tuning** (Trimmer): all cold tasks are tuned together in short rounds
+  of equal cost; after each round the *whole model* is built and measured, and
+  tuning stops when the last two rounds together improved it by less than
+  ``min_gain`` (Trimmer smooths its rate over two rounds the same way; the first
+  round, which replaces default schedules, is never the reference), or when the
+  budget is spent.
+* **Skip cold candidates**: when even an optimistic bound of the tuned latency
+  (FLOPs at a fraction of the machine's peak) cannot beat the incumbent, the
+  candidate is measured untuned and tuning is skipped.
+* **Never slower**: the tuned build is kept only if it beats the untuned one.
+* **Build apart from profile** (RESONATOR): candidates are built in a persistent
+  worker pool with no lock; only their timing takes the device lock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from qaopt.app_spec.hashing import content_hash
+
+from .errors import BuildError
+from .measure import device_lock
+
+# --------------------------------------------------------------------------- builder and runner
+
+
+def _pooled_builder(max_workers: int, timeout_s: float) -> Any:
+    """A MetaSchedule builder whose worker processes live across batches.
+
+    TVM's LocalBuilder starts a fresh process pool for every batch of candidates
+    (each re-imports TVM, seconds per batch here); this one keeps its pool and
+    recycles it every ``recycle`` batches (the upstream reason for restarting is a
+    slow leak in long-lived workers).
+    """
+    from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.builder import local_builder as lb
+    from tvm.ir.utils import derived_object
+
+    @derived_object
+    class PooledBuilder(PyBuilder):
+        recycle = 20
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._pool: Any = None
+            self._batches = 0
+
+        def build(self, build_inputs: list[Any]) -> list[Any]:
+            if self._pool is None or self._batches >= self.recycle:
+                if self._pool is not None:
+                    self._pool.shutdown()
+                self._pool = PopenPoolExecutor(max_workers=max_workers, timeout=timeout_s)
+                self._batches = 0
+            self._batches += 1
+            args = [(None, None, b.mod, b.target, lb._serialize_params(b.params)) for b in build_inputs]
+            results = []
+            for r in self._pool.map_with_error_catching(lambda x: lb._worker_func(*x), args):
+                if r.status == StatusKind.COMPLETE:
+                    results.append(BuilderResult(r.value, None))
+                elif r.status == StatusKind.TIMEOUT:
+                    results.append(BuilderResult(None, f"build timed out after {timeout_s} s"))
+                else:
+                    results.append(BuilderResult(None, f"build failed: {r.value}"))
+            return results
+
+        def close(self) -> None:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
+
+    return PooledBuilder()
+
+
+def _locked_runner(device_key: str, runner: Any) -> Any:
+    """Wraps a (synchronous) MetaSchedule runner so each batch is timed under the device lock."""
+    from tvm.s_tir.meta_schedule.runner import PyRunner
+    from tvm.ir.utils import derived_object
+
+    @derived_object
+    class LockedRunner(PyRunner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = runner
+
+        def run(self, runner_inputs: list[Any]) -> list[Any]:
+            with device_lock(device_key):
+                futures = self.inner.run(runner_inputs)
+                for f in futures:
+                    f.result()  # finish every timing before the lock is let go
+            return futures
+
+    return LockedRunner()
+
+
+def local_runner(device_key: str) -> Any:
+    """Times tuning candidates on this machine, under the device lock."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return _locked_runner(device_key, ms.runner.LocalRunner(
+        timeout_sec=60.0, evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)))
+
+
+def rpc_runner(rpc: Any, device_key: str) -> Any:
+    """Times tuning candidates on a remote device reached through a TVM RPC tracker."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if not rpc.tracker:
+        raise BuildError("target.rpc.tracker: tuning on a remote device needs a TVM RPC tracker (and rpc.key); "
+                         "set target.rpc.tracker, or set target.tuning.trials to 0 to measure untuned")
+    host, port = rpc.tracker_address
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=rpc.key,
+                                 session_timeout_sec=int(rpc.timeout_s))
+    return _locked_runner(device_key, ms.runner.RPCRunner(
+        rpc_config=config, evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)))
+
+
+# --------------------------------------------------------------------------- database
+
+
+class TuningDatabase:
+    """The MetaSchedule database of one TVM target, on disk under ``<cache_dir>/tvm-tuning/<target hash>/``.
+
+    Processes that tune into it hold its file lock; each tuning session re-reads
+    the files, so records written by other processes (other search workers,
+    earlier runs) are reused.
+    """
+
+    def __init__(self, path: Path, target: Any):
+        self.path = path
+        self.target = target
+        path.mkdir(parents=True, exist_ok=True)
+        self.lock = FileLock(str(path / "tuning.lock"))
+
+    @classmethod
+    def for_target(cls, target: Any, cache_dir: str | Path | None) -> TuningDatabase:
+        root = Path(cache_dir or os.environ.get("QAOPT_CACHE_DIR") or ".qaopt-cache")
+        return cls(root / "tvm-tuning" / content_hash(str(target)), target)
+
+    def open(self) -> Any:
+        from tvm.s_tir import meta_schedule as ms
+
+        return ms.database.JSONDatabase(work_dir=str(self.path))
+
+    def known(self, db: Any, task: Any) -> bool:
+        """Whether ``db`` already holds a measured schedule for this task (its layer shape was tuned before)."""
+        return db.query_tuning_record(task.dispatched[0], task.target, task.task_name) is not None
+
+
+# --------------------------------------------------------------------------- survey tuning
+
+
+@dataclass(frozen=True)
+class Round:
+    trials: int
+    tuning_s: float
+    latency_ms: float
+
+
+@dataclass
+class TuningReport:
+    """What tuning one candidate cost and gave; ``chosen`` is 'tuned' or 'untuned' (never the slower)."""
+
+    tasks: int = 0
+    hits: int = 0
+    untuned_ms: float = float("nan")
+    rounds: list[Round] = field(default_factory=list)
+    tuning_s: float = 0.0
+    trials: int = 0
+    stopped: str = ""
+    chosen: str = "untuned"
+    flops: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.tasks if self.tasks else float("nan")
+
+    @property
+    def best_ms(self) -> float:
+        return min([self.untuned_ms] + [r.latency_ms for r in self.rounds])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "hit_rate": self.hit_rate, "best_ms": self.best_ms}
+
+
+def model_flops(prepared_mod: Any) -> float:
+    """FLOPs of one inference, summed over the model's TIR functions (TVM's own estimate)."""
+    import tvm
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    total = 0.0
+    for gvar, fn in prepared_mod.functions.items():
+        if isinstance(fn, tvm.tirx.PrimFunc):
+            try:
+                total += float(estimate_tir_flops(tvm.IRModule({gvar: fn})))
+            except Exception:  # functions TVM cannot estimate (opaque externs) add nothing
+                pass
+    return total
+
+
+def cpu_peak_gflops(threads: int | None = None) -> float:
+    """fp32 peak of the host CPU: cores x clock x FMA lanes x 2.
+
+    Lanes per cycle per core: 32 (2 FMA units x 16 fp32 lanes) with AVX-512 on a
+    full 512-bit datapath (Zen 5, Intel server cores), 16 with a 256-bit datapath
+    (Zen 4 runs AVX-512 as 2 x 256; AVX2 machines), 8 otherwise. The clock is the
+    current frequency in /proc/cpuinfo (boost may exceed it, so the share of peak
+    is an upper-bound estimate).
+    """
+    from .tvm_backend import host_cpu
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    mhz = [float(line.split(":")[1]) for line in cpuinfo.splitlines() if line.startswith("cpu MHz")]
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    cpu = host_cpu()
+    if "avx512f" in flags and cpu not in ("znver4",):
+        lanes = 32
+    elif "avx2" in flags or "avx512f" in flags:
+        lanes = 16
+    else:
+        lanes = 8
+    cores = threads or os.cpu_count() or 1
+    ghz = (max(mhz) if mhz else 2000.0) / 1e3
+    return cores * ghz * lanes * 2
+
+
+class SurveyTuner:
+    """Tunes one candidate's cold tasks in rounds into the shared database (see the module docstring).
+
+    ``round_trials_per_task`` trials per cold task make one round; tuning stops
+    when two rounds together gain less than ``min_gain`` (relative latency). ``attainable`` is the share
+    of peak FLOP/s assumed for the optimistic bound that decides whether tuning
+    can win at all.
+    """
+
+    def __init__(self, database: TuningDatabase, *, round_trials_per_task: int = 8, min_gain: float = 0.05,
+                 attainable: float = 0.6, builder_workers: int | None = None, seed: int = 0):
+        self.database = database
+        self.round_trials_per_task = round_trials_per_task
+        self.min_gain = min_gain
+        self.attainable = attainable
+        self.builder_workers = builder_workers or max(1, (os.cpu_count() or 2))
+        self.seed = seed
+
+    def tune(self, prepared: Any, evaluate: Callable[[Any], float], *, trials: int, seconds: float | None,
+             runner: Any, threads: int | None, incumbent_ms: float | None = None) -> tuple[TuningReport, Any]:
+        """Tune, and return the report and the database to build with (``None``: the untuned build is faster).
+
+        ``evaluate(db)`` builds the model with ``db`` (``None``: default schedules)
+        and returns its measured latency in ms; ``runner`` times tuning candidates
+        on the device (:func:`local_runner` or :func:`rpc_runner`).
+        """
+        from tvm.s_tir import meta_schedule as ms
+
+        report = TuningReport(flops=model_flops(prepared.mod))
+        report.untuned_ms = evaluate(None)
+        with self.database.lock:
+            db = self.database.open()
+            tasks = ms.relax_integration.extract_tasks(prepared.mod, prepared.target)
+            tunable = [t for t in tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
+            cold = [t for t in tunable if not self.database.known(db, t)]
+            report.tasks, report.hits = len(tunable), len(tunable) - len(cold)
+            optimistic_ms = report.flops / (self.attainable * cpu_peak_gflops(threads) * 1e9) * 1e3
+            if incumbent_ms is not None and optimistic_ms >= incumbent_ms:
+                report.stopped = (f"skipped: even at {self.attainable:.0%} of peak ({optimistic_ms:.2f} ms) "
+                                  f"it cannot beat the incumbent {incumbent_ms:.2f} ms")
+            elif not cold:
+                report.stopped = "all tasks found in the shared database"
+            else:
+                self._survey(cold, db, evaluate, report, trials, seconds, runner)
+        with_db_ms = report.rounds[-1].latency_ms if report.rounds else (evaluate(db) if report.hits else float("inf"))
+        if report.hits and not report.rounds:
+            report.rounds.append(Round(0, 0.0, with_db_ms))
+        best_tuned = min([r.latency_ms for r in report.rounds], default=float("inf"))
+        if best_tuned < report.untuned_ms:
+            report.chosen = "tuned"
+            return report, db
+        return report, None
+
+    def _survey(self, cold: list[Any], db: Any, evaluate: Callable[[Any], float], report: TuningReport,
+                trials: int, seconds: float | None, runner: Any) -> None:
+        from tvm.s_tir import meta_schedule as ms
+
+        per_round = self.round_trials_per_task * len(cold)
+        builder = _pooled_builder(self.builder_workers, timeout_s=60.0)
+        cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True)
+        work_dir = str(self.database.path / "logs")
+        try:
+            while True:
+                budget_left = trials - report.trials if trials else per_round
+                if budget_left <= 0:
+                    report.stopped = f"trial budget of {trials} spent"
+                    return
+                if seconds is not None and report.tuning_s >= seconds:
+                    report.stopped = f"time budget of {seconds:.0f} s spent"
+                    return
+                n = min(per_round, budget_left)
+                contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                    cold, work_dir, seed=self.seed + len(report.rounds), num_threads=1)
+                start = time.perf_counter()
+                try:
+                    ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=n,
+                                  max_trials_per_task=n, num_trials_per_iter=self.round_trials_per_task,
+                                  builder=builder, runner=runner, database=db, cost_model=cost_model,
+                                  task_scheduler="round-robin")
+                except Exception as exc:
+                    raise BuildError(f"MetaSchedule tuning failed: {type(exc).__name__}: {exc}") from exc
+                report.trials += n
+                report.tuning_s += time.perf_counter() - start
+                report.rounds.append(Round(report.trials, round(report.tuning_s, 2), evaluate(db)))
+                best = [min(r.latency_ms for r in report.rounds[: i + 1]) for i in range(len(report.rounds))]
+                if len(best) >= 3 and (best[-3] - best[-1]) / best[-3] < self.min_gain:
+                    report.stopped = (f"early stop: rounds {len(best) - 1}-{len(best)} improved "
+                                      f"{(best[-3] - best[-1]) / best[-3]:.1%} < {self.min_gain:.0%}")
+                    return
+                if not trials and seconds is None:
+                    report.stopped = "one round (no budget given)"
+                    return
+        finally:
+            builder.close()

@@ -1,0 +1,271 @@
+"""TVM: Relax import, MetaSchedule tuning against a shared database, build, run locally or over RPC.
+
+The pipeline is split in two so that tuning can sit between its halves:
+
+* :func:`prepare` imports the model (``torch.export`` -> Relax, or the ONNX
+  frontend), binds the weights as constants (so weight-layout rewrites are folded
+  at build time) and fuses it into TIR functions: these are MetaSchedule's tasks.
+* :func:`build` applies whatever the shared database knows for those tasks and
+  compiles; functions it does not know keep TVM's default schedules.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backend import LocalCompiled, Model, describe, is_onnx, param_bytes_of, torch_inputs, unsupported
+from .errors import BuildError, UnsupportedOperatorError
+from .target import Target
+
+_TORCH_UNSUPPORTED = re.compile(r"Unsupported function types \[(.*)\]")
+_ONNX_UNSUPPORTED = re.compile(r"not supported for frontend ONNX: (.*)")
+
+
+@cache
+def host_cpu() -> str:
+    """LLVM's name for this machine's CPU (e.g. znver5), so TVM vectorizes for it."""
+    import tvm
+
+    return str(tvm.get_global_func("target.llvm_get_system_cpu")())
+
+
+def tvm_target(target: Target) -> Any:
+    """The TVM target of a :class:`Target`: LLVM for the host CPU unless mcpu/mtriple name another."""
+    import os
+
+    import tvm
+
+    spec: dict[str, Any] = {"kind": "llvm", "mcpu": target.mcpu or host_cpu(),
+                            "num-cores": target.threads or os.cpu_count() or 1}
+    if target.mtriple:
+        spec["mtriple"] = target.mtriple
+    return tvm.target.Target(spec)
+
+
+# --------------------------------------------------------------------------- import and build
+
+
+@dataclass
+class Prepared:
+    """A model imported and fused into TIR functions, ready for tuning and building."""
+
+    mod: Any  # tvm.IRModule
+    target: Any  # tvm.target.Target
+    name: str
+    param_bytes: int
+
+
+def prepare(model: Model, example_inputs: Sequence[Any], target: Target, backend: str = "tvm") -> Prepared:
+    """Import a torch module / ExportedProgram / ONNX file into fused Relax+TIR for ``target``."""
+    import tvm
+    from tvm import relax
+    from tvm.relax import transform as T
+
+    mod = _import(model, example_inputs, backend)
+    ttarget = tvm_target(target)
+    try:
+        with ttarget:
+            mod = tvm.transform.Sequential([
+                T.DecomposeOpsForInference(), T.CanonicalizeBindings(), relax.get_pipeline("zero"),
+                T.AttachAttrLayoutFreeBuffers(),
+            ])(mod)
+    except Exception as exc:
+        raise BuildError(f"{describe(model)}: backend '{backend}' could not lower the model: {type(exc).__name__}: {exc}") from exc
+    return Prepared(mod, ttarget, describe(model), _param_bytes(model))
+
+
+def _import(model: Model, example_inputs: Sequence[Any], backend: str) -> Any:
+    if is_onnx(model):
+        import onnx
+        from tvm.relax.frontend.onnx import from_onnx
+
+        proto = onnx.load(str(model))
+        shapes = {i.name: list(np.asarray(x).shape) for i, x in zip(proto.graph.input, example_inputs)}
+        try:
+            return from_onnx(proto, shape_dict=shapes, keep_params_in_input=False)
+        except Exception as exc:
+            _raise_unsupported(_ONNX_UNSUPPORTED, exc, backend, model)
+            raise BuildError(f"{model}: backend '{backend}' could not import the ONNX model: {exc}") from exc
+    if isinstance(model, (str, Path)):
+        raise unsupported(backend, model, "expected a torch.nn.Module, an ExportedProgram or an .onnx file")
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    if isinstance(model, torch.export.ExportedProgram):
+        program = model
+    else:
+        try:
+            with torch.no_grad():
+                program = torch.export.export(model.eval(), torch_inputs(example_inputs, like=model))
+        except Exception as exc:
+            raise unsupported(backend, model, f"torch.export failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        return from_exported_program(program, keep_params_as_input=False)
+    except Exception as exc:
+        _raise_unsupported(_TORCH_UNSUPPORTED, exc, backend, model)
+        raise BuildError(f"{describe(model)}: backend '{backend}' could not import the model: {type(exc).__name__}: {exc}") from exc
+
+
+def _param_bytes(model: Model) -> int:
+    if is_onnx(model):
+        from .onnxruntime_backend import onnx_param_bytes
+
+        return onnx_param_bytes(Path(model))
+    return param_bytes_of(model.module() if hasattr(model, "graph_signature") else model)
+
+
+def _raise_unsupported(pattern: re.Pattern[str], exc: Exception, backend: str, model: Model) -> None:
+    match = pattern.search(str(exc))
+    if match:
+        ops = ", ".join(op.strip(" '\"") for op in match.group(1).split(","))
+        raise UnsupportedOperatorError(ops, backend, describe(model),
+                                       "TVM's Relax frontend has no converter for it; choose backend torch or onnxruntime") from exc
+
+
+def build(prepared: Prepared, database: Any = None) -> Any:
+    """Compile, with the best schedules ``database`` holds for the model's tasks (default schedules for the rest)."""
+    import tvm
+    from tvm.relax import transform as T
+
+    try:
+        mod = prepared.mod
+        if database is not None:
+            with prepared.target, database:
+                mod = tvm.transform.Sequential([
+                    T.MetaScheduleApplyDatabase(), T.SplitLayoutRewritePreproc(), T.LiftTransformParams(), T.FoldConstant(),
+                ])(mod)
+        return tvm.compile(mod, prepared.target)
+    except Exception as exc:
+        raise BuildError(f"{prepared.name}: backend 'tvm' failed to build: {type(exc).__name__}: {exc}") from exc
+
+
+def configure_threads(threads: int | None) -> None:
+    """Size TVM's runtime thread pool (all cores when ``None``)."""
+    import tvm
+
+    if threads:
+        tvm.get_global_func("runtime.config_threadpool")(1, threads)
+
+
+# --------------------------------------------------------------------------- local execution
+
+
+class TvmCompiled(LocalCompiled):
+    """A Relax VM executable running on this machine's CPU."""
+
+    backend = "tvm"
+
+    def __init__(self, executable: Any, prepared: Prepared, example_inputs: Sequence[Any], target: Target,
+                 tuning: Any = None):
+        super().__init__(target, example_inputs, prepared.param_bytes)
+        import tvm
+        from tvm import relax
+
+        self.executable = executable
+        self.prepared = prepared
+        self.tuning = tuning  # the TuningReport when it was tuned
+        self.device = tvm.cpu()
+        self.vm = relax.VirtualMachine(executable, self.device)
+        self._args = self._tensors(self.example_inputs)
+
+    def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
+        import tvm
+
+        return [tvm.runtime.tensor(np.ascontiguousarray(x), self.device) for x in inputs]
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        configure_threads(self.target.threads)
+        out = self.vm["main"](*(self._tensors(inputs) if inputs else self._args))
+        return _flatten(out)
+
+    def _bind(self) -> Callable[[], Any]:
+        configure_threads(self.target.threads)
+        main, args = self.vm["main"], self._args
+        return lambda: main(*args)
+
+    def export(self, path: str | Path) -> Path:
+        """The compiled library (.so), loadable with ``tvm.runtime.load_module`` on the target."""
+        path = Path(path).with_suffix(".so")
+        export_library(self.executable, path, self.target)
+        return path
+
+
+def export_library(executable: Any, path: Path, target: Target) -> None:
+    if target.cc:
+        from tvm.contrib import cc
+
+        executable.export_library(str(path), fcompile=cc.cross_compiler(target.cc))
+    else:
+        executable.export_library(str(path))
+
+
+def _flatten(out: Any) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    result: list[np.ndarray] = []
+    for item in out:
+        result.extend(_flatten(item))
+    return result
+
+
+class TvmBackend:
+    """TVM Relax: untuned (default schedules) when ``target.tuning.trials`` is 0, else survey-tuned.
+
+    Tuning uses one MetaSchedule database per target under ``cache_dir``, shared by
+    all candidates and runs (see :mod:`.tuning`), and never returns a tuned build
+    slower than the untuned one.
+    """
+
+    name = "tvm"
+
+    def __init__(self, cache_dir: str | Path | None = None, incumbent_ms: float | None = None, **tuner_options: Any):
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.incumbent_ms = incumbent_ms
+        self.tuner_options = tuner_options
+
+    def unavailable_reason(self, target: Target) -> str | None:
+        if target.device == "cuda":
+            return "this TVM build has no CUDA; use backend 'torch-compile' (max-autotune) on GPUs"
+        return None
+
+    def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> Any:
+        from . import remote
+
+        start = time.perf_counter()
+        prepared = prepare(model, example_inputs, target, self.name)
+        report, database = None, None
+        if target.tuning.trials > 0 or target.tuning.seconds:
+            report, database = self._tune(prepared, example_inputs, target)
+        executable = build(prepared, database)
+        if target.device == "rpc":
+            compiled: Any = remote.RemoteTvmCompiled(executable, prepared, example_inputs, target, report)
+        else:
+            compiled = TvmCompiled(executable, prepared, example_inputs, target, report)
+        compiled.compile_seconds = time.perf_counter() - start
+        return compiled
+
+    def _tune(self, prepared: Prepared, example_inputs: Sequence[Any], target: Target) -> tuple[Any, Any]:
+        from . import remote, tuning
+        from .measure import Protocol
+
+        quick = Protocol(warmup=2, repeats=7, min_sample_ms=10.0, max_seconds=10.0)
+
+        def evaluate(database: Any) -> float:
+            executable = build(prepared, database)
+            if target.device == "rpc":
+                return remote.RemoteTvmCompiled(executable, prepared, example_inputs, target).measure(quick).median_ms
+            return TvmCompiled(executable, prepared, example_inputs, target).measure(quick).median_ms
+
+        runner = (tuning.rpc_runner(target.rpc, target.device_key) if target.device == "rpc"
+                  else tuning.local_runner(target.device_key))
+        tuner = tuning.SurveyTuner(tuning.TuningDatabase.for_target(prepared.target, self.cache_dir), **self.tuner_options)
+        return tuner.tune(prepared, evaluate, trials=target.tuning.trials, seconds=target.tuning.seconds,
+                          runner=runner, threads=target.threads, incumbent_ms=self.incumbent_ms)

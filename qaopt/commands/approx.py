@@ -1,0 +1,116 @@
+"""``qaopt approx sweep SPEC --nn heading --knob pruning``: build one NN's candidates along one knob and tabulate them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from qaopt.app_spec import load
+from qaopt.app_spec.errors import QaoptError
+from qaopt.approx import TargetNN
+from qaopt.approx.latency import latency_ms
+from qaopt.approx.sweep import knobs_from_space, sweep as sweep_candidates
+
+app = typer.Typer(help="Build and measure approximated NNs (pruning, quantization, fine-tuning).", no_args_is_help=True)
+
+KNOB_ALIASES = {"pruning": "prune_ratio", "quantization": "dtype", "finetune": "finetune_steps"}
+
+
+def _default_values(knob: str, space) -> list:
+    """Values to sweep when none are given: the spec's range for the knob."""
+    if knob == "prune_ratio":
+        lo, hi = space.pruning.ratio if space.pruning else (0.0, 0.9)
+        return [round(float(v), 3) for v in np.linspace(lo, hi, 5)]
+    if knob == "dtype":
+        return list(space.quantization.dtypes) if space.quantization else ["fp32", "int8"]
+    if knob == "finetune_steps":
+        lo, hi = space.finetune.steps if space.finetune else (0, 400)
+        return sorted({int(v) for v in np.linspace(lo, hi, 3)})
+    raise QaoptError(f"--knob {knob}: give the values to sweep with --values")
+
+
+def _parse(text: str) -> list:
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            values.append(float(item) if "." in item or "e" in item.lower() else int(item))
+        except ValueError:
+            values.append(item)
+    return values
+
+
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="The application spec (YAML)."),
+    nn: str = typer.Option(..., "--nn", help="The NN to approximate (a key of the spec's nns)."),
+    knob: str = typer.Option("pruning", "--knob", help="pruning | quantization | finetune, or a Knobs field name."),
+    values: str | None = typer.Option(None, "--values", help="Comma-separated values (default: the spec's range)."),
+    dtype: str | None = typer.Option(None, help="Fixed dtype while another knob is swept (default fp32)."),
+    prune_ratio: float | None = typer.Option(None, help="Fixed prune ratio while another knob is swept."),
+    finetune_steps: int | None = typer.Option(None, help="Fine-tuning budget (default: the top of the spec's range)."),
+    latency: bool = typer.Option(True, "--latency/--no-latency", help="Time each candidate on this machine."),
+    threads: int = typer.Option(2, help="Threads for timing."),
+) -> None:
+    """Build (or load from the cache) one candidate per value and print error, MACs, parameters and latency."""
+    app_spec = load(spec)
+    if nn not in app_spec.nns:
+        raise QaoptError(f"--nn {nn}: the spec has no NN named {nn!r}; its NNs are {', '.join(app_spec.nns)}")
+    knob = KNOB_ALIASES.get(knob, knob)
+    space = app_spec.knobs_for(nn)
+    fixed = {k: v for k, v in {"dtype": dtype, "prune_ratio": prune_ratio}.items() if v is not None}
+    fixed["finetune_steps"] = finetune_steps if finetune_steps is not None else (space.finetune.steps[1] if space.finetune else 0)
+    base = knobs_from_space(space, **fixed)
+    points = _parse(values) if values else _default_values(knob, space)
+    cache_dir = os.environ.get("QAOPT_CACHE_DIR") or app_spec.output.cache_dir
+    console = Console(width=max(Console().width, 120))  # a narrower table wraps every cell
+    console.print(f"loading NN {nn!r} and its data")
+    target = TargetNN.from_spec(nn, app_spec.nns[nn])
+
+    rows = []
+    with Progress(
+        TextColumn("[bold]{task.fields[point]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"), console=console, transient=True,
+    ) as bar:
+        task = bar.add_task("", total=len(points), point="")
+        candidates = sweep_candidates(target, base, knob, points, cache_dir=cache_dir, progress=lambda m: bar.update(task, description=m))
+        for point in points:
+            bar.update(task, point=f"{knob}={point}", description="building")
+            cand = next(candidates)
+            timing = None
+            if latency:
+                bar.update(task, description="timing")
+                timing = latency_ms(cand, target.input_shape, threads=threads)
+            rows.append((point, cand, timing))
+            bar.advance(task)
+    console.print(_table(nn, knob, rows))
+
+
+def _table(nn: str, knob: str, rows: list) -> Table:
+    """error ratio, speedup and ideal speedup (MACs ratio) are relative to the first row."""
+    first, ref = rows[0][1], rows[0][2]
+    table = Table(title=f"{nn}: {knob} sweep (ratios vs the first row)")
+    for col in (knob, "dtype", f"{first.metric} error", "x err", "MMACs", "kparams", "ms", "runtime", "speedup", "ideal", "built"):
+        table.add_column(col, justify="right")
+    for point, cand, timing in rows:
+        runtime, ms = timing if timing else ("-", None)
+        table.add_row(
+            str(point),
+            cand.dtype,
+            f"{cand.error:.4g}",
+            f"{cand.error / first.error:.2f}" if first.error else "-",
+            f"{cand.macs / 1e6:.1f}",
+            f"{cand.params / 1e3:.1f}",
+            f"{ms:.2f}" if ms else "-",
+            runtime,
+            f"{ref[1] / ms:.2f}x" if ms and ref else "-",
+            f"{first.macs / cand.macs:.2f}x",
+            "cache" if cand.from_cache else f"{cand.build_seconds:.0f}s",
+        )
+    return table

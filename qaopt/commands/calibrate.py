@@ -1,0 +1,59 @@
+"""``qaopt calibrate SPEC``: chart which NN-error vectors keep the application's QoS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from qaopt.app_spec import load
+from qaopt.calibrate import Progress as Step
+from qaopt.calibrate import Verdict
+
+
+def calibrate(
+    spec: Path = typer.Argument(..., help="The application spec (YAML)."),
+    strategy: str | None = typer.Option(None, "--strategy", "-s",
+                                        help="bisect | monotone | active (default: the spec's)."),
+    budget: int | None = typer.Option(None, "--budget", "-b",
+                                      help="QoS evaluations to spend; a point's trials count as one (default: the spec's)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder for region.json and region.png (default: the spec's output.dir)."),
+) -> None:
+    """Inject errors into the NNs of the simulated application and map the valid error region.
+
+    Every point is judged by a sequential statistical test over seeded runs; runs
+    are cached, so an interrupted calibration resumes when run again.
+    """
+    from qaopt.calibration import build_calibration, calibrate_spec  # scipy/sklearn: only when used
+
+    app_spec = load(spec)
+    console = Console()
+    cal = build_calibration(app_spec)
+    total = app_spec.calibration.budget if budget is None else budget
+    with Progress(
+        TextColumn("[bold]calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"), console=console, transient=True,
+    ) as bar:
+        task = bar.add_task("", total=max(total, 1))
+
+        def show(step: Step) -> None:
+            point = ", ".join(f"{k}={v:.3g}" for k, v in step.errors.items())
+            if step.observation is None:
+                bar.update(task, description=f"{point}: {step.trials} runs")
+                return
+            ob = step.observation
+            bar.update(task, completed=step.evaluation, description=f"{point}: {ob.verdict.value}")
+            mark = {Verdict.VALID: "[green]valid", Verdict.INVALID: "[red]invalid",
+                    Verdict.UNDECIDED: "[yellow]undecided", Verdict.FAILED: "[magenta]failed"}[ob.verdict]
+            detail = f" ({ob.message})" if ob.message else ""
+            console.print(f"{step.evaluation:>3}. {point}: {mark}[/] after {ob.trials} runs, "
+                          f"{ob.failures} failed{detail}")
+
+        region, folder = calibrate_spec(app_spec, strategy, budget, out, progress=show, calibration=cal)
+    certified = sum(p.valid for p in region.labelled())
+    console.print(
+        f"{region.evaluations} evaluations, {region.trials} runs; {certified} valid points certify the region.\n"
+        f"wrote {folder / 'region.json'} and {folder / 'region.png'}"
+    )

@@ -1,0 +1,38 @@
+"""``qaopt optimize SPEC``: calibrate, search, validate and report, resuming where a run stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from qaopt.profiles import PROFILES
+
+
+def optimize(
+    spec: Path = typer.Argument(..., help="The application spec (YAML)."),
+    profile: str = typer.Option("default", "--profile", help=f"Budget profile: {', '.join(PROFILES)}."),
+    out: Path | None = typer.Option(None, "--out", help="Run folder (default: the spec's output.dir)."),
+    storage: str | None = typer.Option(
+        None, "--storage", help="SQLAlchemy URL of the Optuna study storage, shared by workers (default: the spec's, "
+        "else a SQLite file in the run folder)."
+    ),
+    trials: int | None = typer.Option(None, "--trials", min=1, help="Trials per study (overrides spec and profile)."),
+) -> None:
+    """Find the fastest NN configuration that keeps the application's QoS, and validate it closed-loop.
+
+    Writes result.json, report.md (with region and Pareto plots) and artifacts/ to the run
+    folder. Running it again resumes: finished calibrations, candidates, tunings and trials
+    are reused.
+    """
+    from qaopt.optimize import optimize as run
+
+    result = run(spec, profile=profile, out=out, storage=storage, trials=trials)
+    s = result.speedups
+    typer.echo(f"report: {result.report}")
+    if result.aware is not None:
+        typer.echo(f"application-aware speedup {s.aware:.2f}x"
+                   + (f", application-agnostic {s.agnostic:.2f}x, ratio {s.aware_over_agnostic:.2f}x"
+                      if s.aware_over_agnostic else ""))
+    else:
+        typer.echo("no application-aware configuration passed closed-loop validation; see the report")

@@ -1,0 +1,257 @@
+"""``qaopt.optimize``: one spec in, a validated, faster NN configuration and its artifacts out.
+
+The stages, each cached so that a killed run resumes where it stopped:
+
+1. the reference NNs (trained or loaded) and their error and latency on the target;
+2. the error region: calibrated, or loaded when ``region.json`` of this spec exists;
+3. two Optuna studies over per-NN knobs and the schedule: application-aware (inside
+   the region) and application-agnostic (each NN within its reference error);
+4. closed-loop validation of the aware Pareto front with the real approximated NNs;
+5. ``result.json``, ``report.md`` with its plots, and ``artifacts/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from qaopt import kernels
+from qaopt.app_spec import AppSpec, content_hash, load
+from qaopt.approx import Candidate, Knobs, TargetNN, build
+from qaopt.calibrate import ErrorRegion
+from qaopt.calibration import cache_dir_of, calibrate_spec, make_evaluator
+from qaopt.profiles import Profile, get_profile
+from qaopt.report import write_report
+from qaopt.result import Configuration, Result, Speedups, Validation
+from qaopt.search import OptimizeError, SearchContext, feasible_configurations, open_storage, run_study, summarize
+from qaopt.validation import validate_closed_loop
+
+AGNOSTIC_TOLERANCE = 0.02
+"""Accuracy-preserving compression may lose this much relative NN error (measurement noise)."""
+
+
+def optimize(
+    spec: AppSpec | str | Path,
+    *,
+    profile: str | Profile = "default",
+    out: str | Path | None = None,
+    storage: str | None = None,
+    trials: int | None = None,
+    console: Console | None = None,
+) -> Result:
+    """Optimize the application ``spec`` describes; returns what ``result.json`` holds.
+
+    ``profile`` caps the budgets ("quick" or "default"); ``out`` overrides the
+    spec's ``output.dir``; ``storage`` (an SQLAlchemy URL) shares the studies
+    between workers; ``trials`` overrides the number of trials per study.
+    """
+    spec = spec if isinstance(spec, AppSpec) else load(spec, check_entry_points=True)
+    prof = profile if isinstance(profile, Profile) else get_profile(profile)
+    if trials is not None:
+        prof = prof.model_copy(update={"trials": trials})
+    console = console or Console(stderr=True)
+    run_dir = Path(out) if out is not None else Path(spec.output.dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = cache_dir_of(spec)
+    stages: dict[str, float] = {}
+
+    # Fail fast on the storage before any expensive work.
+    study_storage = open_storage(storage or spec.search.storage or f"sqlite:///{run_dir.resolve() / 'study.db'}")
+
+    with _stage(console, stages, "reference NNs"):
+        nns = {name: TargetNN.from_spec(name, nn) for name, nn in spec.nns.items()}
+        reference_knobs = {name: Knobs(seed=spec.search.seed) for name in nns}
+        reference = {name: build(nns[name], reference_knobs[name], cache_dir=cache_dir) for name in nns}
+
+    with _stage(console, stages, "calibration"):
+        region = _region(spec, prof, run_dir)
+
+    target = kernels.Target.from_spec(spec.target)
+    if prof.tuning_trials is not None:
+        target = target.__class__(**{**target.__dict__, "tuning": kernels.TuningBudget(prof.tuning_trials, target.tuning.seconds)})
+    ctx = SearchContext(
+        spec=spec,
+        profile=prof,
+        nns=nns,
+        target=target,
+        cache_dir=cache_dir,
+        region=region,
+        reference_errors={n: c.error for n, c in reference.items()},
+        agnostic_tolerance=AGNOSTIC_TOLERANCE,
+    )
+    reference_errors = ctx.errors_of(reference)
+    if not region.contains(reference_errors):
+        raise OptimizeError(
+            f"{spec.source}: the error region is empty for these NNs: even the reference NNs "
+            f"(errors {_fmt(reference_errors)}) fail the QoS goal '{spec.qos.metric}' at the spec's confidence, so no "
+            f"approximation can be valid. See the calibration plot {run_dir / 'region.png'}; loosen qos or improve the NNs."
+        )
+
+    with _stage(console, stages, "reference latency"):
+        measured, ref_latency, ref_memory = ctx.measure(reference, "sequential")
+        reference_config = Configuration(
+            nns={n: m.choice for n, m in measured.items()},
+            schedule="sequential",
+            latency_ms=ref_latency,
+            memory_bytes=ref_memory,
+            errors=reference_errors,
+            in_region=True,
+        )
+
+    n_trials = prof.trials or spec.search.trials
+    studies = {}
+    for mode in ("aware", "agnostic"):
+        with _stage(console, stages, f"{mode} search ({n_trials} trials)"):
+            studies[mode] = run_study(
+                ctx, mode, study_storage, n_trials, reference_knobs,
+                on_trial=lambda message: console.log(message),
+            )
+
+    with _stage(console, stages, "closed-loop validation"):
+        front = feasible_configurations(studies["aware"])
+        validations, aware = _validate(spec, prof, ctx, front, cache_dir)
+    agnostic_front = feasible_configurations(studies["agnostic"])
+    agnostic = agnostic_front[0] if agnostic_front else None
+
+    with _stage(console, stages, "artifacts and report"):
+        artifacts = _export(aware, ctx, run_dir / "artifacts") if aware is not None else {}
+        matched = [v.accepted == v.region_predicted_valid for v in validations if v.verdict != "undecided"]
+        result = Result(
+            app=spec.app.name,
+            spec=str(spec.source),
+            spec_hash=spec.content_hash(),
+            profile=prof.name,
+            run_dir=run_dir.resolve(),
+            reference=reference_config,
+            aware=aware,
+            agnostic=agnostic,
+            agnostic_tolerance=AGNOSTIC_TOLERANCE,
+            speedups=Speedups(
+                aware=ref_latency / aware.latency_ms if aware else None,
+                agnostic=ref_latency / agnostic.latency_ms if agnostic else None,
+                aware_over_agnostic=agnostic.latency_ms / aware.latency_ms if aware and agnostic else None,
+            ),
+            validations=validations,
+            fidelity=sum(matched) / len(matched) if matched else None,
+            fidelity_note=_fidelity_note(spec, validations),
+            studies={mode: summarize(s) for mode, s in studies.items()},
+            tuning={"trials_per_candidate": target.tuning.trials, "seconds_per_candidate": target.tuning.seconds},
+            region=(run_dir / "region.json").resolve(),
+            report=(run_dir / "report.md").resolve(),
+            artifacts=artifacts,
+            seconds=stages,
+        )
+        write_report(result, studies, region, run_dir)
+        result.save(run_dir / "result.json")
+    return result
+
+
+def _region(spec: AppSpec, prof: Profile, run_dir: Path) -> ErrorRegion:
+    """This spec's region: loaded when ``region.json`` was made from the same calibration inputs."""
+    key = spec.content_hash("evaluator", "qos", "calibration", "nns")
+    path = run_dir / "region.json"
+    if path.exists():
+        region = ErrorRegion.load(path)
+        if region.info.get("calibration_key") == key:
+            return region
+    region, _ = calibrate_spec(spec, budget=prof.calibration_budget, out=run_dir)
+    region.info["calibration_key"] = key
+    region.save(path)
+    return region
+
+
+def _validate(
+    spec: AppSpec, prof: Profile, ctx: SearchContext, front: list[Configuration], cache_dir: Path
+) -> tuple[list[Validation], Configuration | None]:
+    """Validate the fastest configurations of the aware front; the first accepted one wins.
+
+    When none is accepted at the spec's confidence (a quick profile runs too few runs
+    to prove it), the fastest one that did not fail is reported, unaccepted.
+    """
+    evaluator = None
+    validations: list[Validation] = []
+    chosen = fallback = None
+    for config in front[: prof.validate_top]:
+        key = content_hash("validation", {n: c.candidate for n, c in config.nns.items()}, prof.validation_runs,
+                           spec.content_hash("evaluator", "qos"))
+        cached = cache_dir / "optimize" / "validation" / f"{key}.json"
+        if cached.exists():
+            validation = Validation.model_validate_json(cached.read_text())
+        else:
+            evaluator = evaluator or make_evaluator(spec)
+            candidates = {n: _candidate(ctx, n, c.knobs) for n, c in config.nns.items()}
+            validation = validate_closed_loop(
+                evaluator, {n: c.predict for n, c in candidates.items()}, spec, prof.validation_runs,
+                trial=config.trial, region_predicted_valid=config.in_region,
+            )
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(validation.model_dump_json())
+        validations.append(validation)
+        if validation.accepted:
+            chosen = config
+            break
+        if fallback is None and validation.verdict != "invalid":
+            fallback = config
+    return validations, chosen or fallback
+
+
+def _candidate(ctx: SearchContext, nn: str, knobs: dict[str, Any]) -> Candidate:
+    return ctx.build(nn, Knobs.model_validate(knobs))
+
+
+def _export(config: Configuration, ctx: SearchContext, folder: Path) -> dict[str, dict[str, Path]]:
+    """Each chosen NN as a state dict, ONNX, and the compiled library of its backend."""
+    import torch
+
+    from qaopt.pipeline import compile_nn
+
+    out: dict[str, dict[str, Path]] = {}
+    for name, choice in config.nns.items():
+        candidate = _candidate(ctx, name, choice.knobs)
+        nn_dir = folder / name
+        nn_dir.mkdir(parents=True, exist_ok=True)
+        files: dict[str, Path] = {}
+        files["state_dict"] = nn_dir / "state_dict.pt"
+        torch.save(candidate.module.state_dict(), files["state_dict"])
+        files["onnx"] = nn_dir / "model.onnx"
+        if candidate.onnx_path is not None:
+            shutil.copyfile(candidate.onnx_path, files["onnx"])
+        else:
+            module = candidate.module.float().eval()
+            torch.onnx.export(module, (ctx.nns[name].example_input,), files["onnx"], dynamo=False, opset_version=17,
+                              input_names=["input"], output_names=["output"])
+        target = ctx.target.__class__(**{**ctx.target.__dict__, "backend": choice.backend.split("[")[0]})
+        measured = compile_nn(candidate, ctx.examples()[name], target, ctx.cache_dir)
+        files["compiled"] = measured.compiled.export(nn_dir / f"compiled-{choice.backend}")
+        out[name] = files
+    return out
+
+
+def _fidelity_note(spec: AppSpec, validations: list[Validation]) -> str:
+    wrong = [v for v in validations if v.verdict == "invalid" and v.region_predicted_valid]
+    if not wrong:
+        return ""
+    return (
+        f"The region (error model '{spec.calibration.error_model}') predicted {len(wrong)} configuration(s) valid that "
+        f"failed closed-loop (trials {', '.join(str(v.trial) for v in wrong)}): the real NNs' errors differ from the "
+        "injected model (bias, correlation over frames, scene-dependent failures); consider error_model: empirical."
+    )
+
+
+def _fmt(errors: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in errors.items())
+
+
+@contextmanager
+def _stage(console: Console, stages: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    with console.status(f"[bold]{name}[/bold]…"):
+        yield
+    stages[name] = round(time.perf_counter() - start, 2)
+    console.log(f"{name}: done in {stages[name]:.1f} s")

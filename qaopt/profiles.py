@@ -1,0 +1,53 @@
+"""Run profiles: how much work ``qaopt optimize`` spends, from a smoke test to the real result.
+
+A profile caps the budgets the spec asks for; it never loosens the QoS goal or the
+acceptance statistics, so a quick run's accepted configuration is as safe as a
+default run's, only found with less search.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Profile(BaseModel):
+    """Budget caps of one run; ``None`` keeps the spec's own value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    trials: int | None = Field(None, ge=1, description="search trials per study (aware and agnostic)")
+    calibration_budget: int | None = Field(None, ge=1, description="QoS evaluations of the calibration")
+    max_finetune_steps: int | None = Field(None, ge=0, description="cap on each candidate's fine-tuning steps")
+    max_prune_steps: int | None = Field(None, ge=1, description="cap on iterative pruning steps")
+    tuning_trials: int | None = Field(None, ge=0, description="kernel-tuning trials per candidate")
+    validation_runs: int = Field(50, ge=1, description="closed-loop runs per validated configuration")
+    validation_run_length_m: float | None = Field(None, gt=0, description="run length of validation runs")
+    validate_top: int = Field(3, ge=1, description="Pareto-front configurations validated closed-loop")
+
+
+PROFILES: dict[str, Profile] = {
+    # Finishes the shipped example in <= 15 minutes on a 2-core CPU: few trials, short
+    # fine-tuning, untuned kernels, and a short closed-loop check of the winner.
+    "quick": Profile(
+        name="quick",
+        trials=6,
+        calibration_budget=12,
+        max_finetune_steps=40,
+        max_prune_steps=1,
+        tuning_trials=0,
+        validation_runs=8,
+        validation_run_length_m=30.0,
+        validate_top=1,
+    ),
+    # The real result (<= 90 minutes on a 2-core CPU): the spec's budgets, 50 validation runs of full length.
+    "default": Profile(name="default", validation_runs=50, validate_top=3),
+}
+
+
+def get_profile(name: str) -> Profile:
+    from qaopt.app_spec import QaoptError
+
+    if name not in PROFILES:
+        raise QaoptError(f"--profile: no profile named {name!r}; choose one of {', '.join(PROFILES)}")
+    return PROFILES[name]

@@ -1,0 +1,152 @@
+"""``report.md`` and its plots: what a robotics team reads after ``qaopt optimize``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import optuna  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+
+from qaopt.calibrate import ErrorRegion  # noqa: E402
+from qaopt.result import Configuration, Result  # noqa: E402
+
+MiB = 2**20
+
+
+def write_report(result: Result, studies: dict[str, optuna.Study], region: ErrorRegion, run_dir: Path) -> Path:
+    """Write ``report.md`` (and ``pareto.png``) into ``run_dir``; ``region.png`` comes from calibration."""
+    pareto = plot_pareto(studies, run_dir / "pareto.png")
+    lines = [f"# qaopt report: {result.app}", ""]
+    lines += [
+        f"Spec `{result.spec}` (hash `{result.spec_hash}`), profile `{result.profile}`.",
+        "",
+        "## Outcome",
+        "",
+        _outcome(result),
+        "",
+        "| configuration | latency per frame (ms) | memory (MiB) | speedup vs reference | schedule |",
+        "|---|---|---|---|---|",
+        _row("reference (no approximation)", result.reference, result.reference.latency_ms),
+    ]
+    if result.agnostic:
+        lines.append(_row("application-agnostic (each NN within its reference error)", result.agnostic, result.reference.latency_ms))
+    if result.aware:
+        lines.append(_row("application-aware (inside the error region)", result.aware, result.reference.latency_ms))
+    lines += ["", "## Chosen NNs", ""]
+    for title, config in (("application-aware", result.aware), ("application-agnostic", result.agnostic),
+                          ("reference", result.reference)):
+        if config is not None:
+            lines += [f"### {title}", "", _nn_table(config), ""]
+    lines += ["## Error region", "", f"![error region](region.png)", "",
+              f"Region from `{result.region.name}`; the reference NNs sit at {_fmt(result.reference.errors)}.", ""]
+    lines += ["## Closed-loop validation", "", _validation_table(result), ""]
+    if result.fidelity is not None:
+        lines.append(f"Region fidelity: the region's prediction matched the closed-loop verdict for "
+                     f"{result.fidelity:.0%} of decided validations.")
+    if result.fidelity_note:
+        lines.append(result.fidelity_note)
+    lines += ["", "## Search", "", f"![Pareto front]({pareto.name})", ""]
+    lines += ["| study | complete | feasible | failed |", "|---|---|---|---|"]
+    for mode, s in result.studies.items():
+        lines.append(f"| {mode} | {s.trials_complete} | {s.trials_feasible} | {s.trials_failed} |")
+    failures = [f for s in result.studies.values() for f in s.failures]
+    if failures:
+        lines += ["", "Failed trials (the search went on):", ""] + [f"- {f}" for f in failures]
+    lines += ["", "### Candidates (aware study, measured trials)", "", _candidate_table(studies["aware"]), ""]
+    lines += ["## Cost", "", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {stage} | {seconds:.1f} |" for stage, seconds in result.seconds.items()]
+    lines += ["", f"Kernel tuning per candidate: {result.tuning}.", ""]
+    if result.artifacts:
+        lines += ["## Artifacts", ""]
+        for nn, files in result.artifacts.items():
+            lines.append(f"- `{nn}`: " + ", ".join(f"{kind} `{Path(p).relative_to(run_dir.resolve())}`"
+                                                   for kind, p in files.items()))
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def plot_pareto(studies: dict[str, optuna.Study], path: Path) -> Path:
+    """Latency vs memory of every measured trial; filled = feasible (tuned), hollow = infeasible (untuned)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for (mode, study), colour in zip(studies.items(), ("tab:green", "tab:blue"), strict=False):
+        trials = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and t.values]
+        for feasible in (True, False):
+            pts = [t for t in trials if bool(t.user_attrs.get("feasible")) == feasible]
+            if not pts:
+                continue
+            xs = [t.values[0] for t in pts]
+            ys = [t.values[1] if len(t.values) > 1 else 0.0 for t in pts]
+            ax.scatter(xs, ys, s=36, label=f"{mode}, {'feasible' if feasible else 'infeasible'}",
+                       facecolors=colour if feasible else "none", edgecolors=colour, marker="o" if feasible else "X")
+    ax.set_xlabel("latency per frame (ms)")
+    ax.set_ylabel("peak memory (MiB)")
+    ax.set_title("Search trials")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _outcome(result: Result) -> str:
+    s = result.speedups
+    if result.aware is None:
+        return ("No application-aware configuration passed closed-loop validation; the reference NNs remain "
+                "the deployable choice. See the validation table for what failed.")
+    accepted = any(v.accepted and v.trial == result.aware.trial for v in result.validations)
+    status = ("accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop" if accepted
+              else "not yet accepted: its closed-loop runs were too few to prove the goal at the spec's confidence "
+                   "(run the default profile)")
+    text = f"Application-aware configuration (trial {result.aware.trial}) runs {s.aware:.2f}x faster than the reference; {status}."
+    if s.aware_over_agnostic is not None:
+        text += (f" Application-agnostic compression reached {s.agnostic:.2f}x, so application awareness buys "
+                 f"{s.aware_over_agnostic:.2f}x more speed on the same backend and machine.")
+    return text
+
+
+def _row(name: str, config: Configuration, reference_ms: float) -> str:
+    mem = f"{config.memory_bytes / MiB:.2f}" if config.memory_bytes is not None else "n/a"
+    return f"| {name} | {config.latency_ms:.2f} | {mem} | {reference_ms / config.latency_ms:.2f}x | {config.schedule} |"
+
+
+def _nn_table(config: Configuration) -> str:
+    rows = ["| NN | prune ratio | dtype | fine-tune steps | error | backend | latency (ms) | MACs (M) | params (k) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, c in config.nns.items():
+        rows.append(f"| {name} | {c.knobs.get('prune_ratio', 0):.2f} | {c.knobs.get('dtype')} | "
+                    f"{c.knobs.get('finetune_steps', 0)} | {c.error:.4g} ({c.metric}) | {c.backend} | "
+                    f"{c.latency_ms:.2f} | {c.macs / 1e6:.1f} | {c.params / 1e3:.1f} |")
+    return "\n".join(rows)
+
+
+def _validation_table(result: Result) -> str:
+    if not result.validations:
+        return "No configuration was validated."
+    names = sorted({k for v in result.validations for k in v.totals})
+    rows = ["| trial | runs | passes | failures | verdict | region said valid | " + " | ".join(f"total {n}" for n in names) + " |",
+            "|---|---|---|---|---|---|" + "---|" * len(names)]
+    for v in result.validations:
+        rows.append(f"| {v.trial} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} | {v.region_predicted_valid} | "
+                    + " | ".join(f"{v.totals.get(n, float('nan')):.4g}" for n in names) + " |")
+    return "\n".join(rows)
+
+
+def _candidate_table(study: optuna.Study) -> str:
+    rows = ["| trial | feasible | latency (ms) | errors | knobs |", "|---|---|---|---|---|"]
+    for t in study.get_trials(deepcopy=False):
+        if t.state != TrialState.COMPLETE:
+            continue
+        knobs = ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
+        rows.append(f"| {t.number} | {bool(t.user_attrs.get('feasible'))} | {t.values[0]:.2f} | "
+                    f"{_fmt(t.user_attrs.get('errors', {}))} | {knobs} |")
+    return "\n".join(rows)
+
+
+def _fmt(errors: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in errors.items())

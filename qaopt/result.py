@@ -1,0 +1,110 @@
+"""What ``qaopt optimize`` returns and writes as ``result.json``.
+
+The Python API (:func:`qaopt.optimize`) returns a :class:`Result` with exactly the
+content of ``result.json``, so a team can script runs and read old ones alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Schedule = Literal["sequential", "parallel"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NNChoice(_Model):
+    """One NN of a configuration: its knobs, the error they cost, and how fast it ran."""
+
+    knobs: dict[str, Any]
+    candidate: str = Field(description="the candidate's content hash (its cache key)")
+    error: float = Field(description="NN error metric on validation data, in the output's unit")
+    metric: str
+    backend: str
+    latency_ms: float
+    memory_bytes: int | None
+    macs: int
+    params: int
+    backends_measured: dict[str, float | str] = Field(
+        default_factory=dict, description="every backend's median latency (ms), or why it could not run"
+    )
+
+
+class Configuration(_Model):
+    """A per-NN choice of knobs and how the NNs share the cores, with its measured cost."""
+
+    trial: int | None = Field(None, description="Optuna trial number; None for the reference")
+    nns: dict[str, NNChoice]
+    schedule: Schedule
+    latency_ms: float = Field(description="measured time per perception frame under the schedule")
+    memory_bytes: int | None
+    errors: dict[str, float] = Field(description="the error vector in the region's axis names")
+    in_region: bool
+
+
+class Validation(_Model):
+    """Closed-loop runs of a configuration with its real approximated NNs in the loop."""
+
+    trial: int | None
+    runs: int
+    passes: int
+    failures: int
+    verdict: Literal["valid", "invalid", "undecided"]
+    accepted: bool
+    region_predicted_valid: bool
+    qos_metric_mean: float
+    totals: dict[str, float] = Field(description="each reported metric summed over the runs (e.g. distance, collisions)")
+
+
+class Speedups(_Model):
+    aware: float | None = Field(None, description="reference latency / application-aware latency")
+    agnostic: float | None = Field(None, description="reference latency / application-agnostic latency")
+    aware_over_agnostic: float | None = Field(None, description="agnostic latency / aware latency")
+
+
+class StudySummary(_Model):
+    name: str
+    trials_complete: int
+    trials_failed: int
+    trials_feasible: int
+    failures: list[str] = Field(default_factory=list, description="why each failed trial failed")
+
+
+class Result(_Model):
+    """The outcome of one ``qaopt optimize`` run."""
+
+    app: str
+    spec: str
+    spec_hash: str
+    profile: str
+    run_dir: Path
+    reference: Configuration
+    aware: Configuration | None = Field(None, description="the accepted application-aware configuration")
+    agnostic: Configuration | None = Field(None, description="the best accuracy-preserving configuration")
+    agnostic_tolerance: float
+    speedups: Speedups
+    validations: list[Validation]
+    fidelity: float | None = Field(None, description="share of validated configurations whose closed-loop verdict matched the region")
+    fidelity_note: str = ""
+    studies: dict[str, StudySummary]
+    tuning: dict[str, Any] = Field(default_factory=dict)
+    region: Path
+    report: Path
+    artifacts: dict[str, dict[str, Path]] = Field(default_factory=dict)
+    seconds: dict[str, float] = Field(default_factory=dict, description="wall time of each stage")
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.model_dump_json(indent=2))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Result:
+        return cls.model_validate_json(Path(path).read_text())

@@ -1,0 +1,314 @@
+"""The Optuna search over per-NN knobs, constrained to the calibrated error region.
+
+Each trial samples every NN's knobs (pruning ratio, dtype, fine-tuning budget) and
+the pipeline schedule, builds the candidates (cached by :mod:`qaopt.approx`),
+places their measured errors in the error space, and reports feasibility through
+``trial.set_constraint``. Only feasible trials are compiled and tuned on the target
+(:mod:`qaopt.kernels`); infeasible ones get a quick untuned measurement so the
+sampler still learns the cost side of the space.
+
+Two studies run over the same space and share every cached candidate:
+
+- ``aware``: feasible when the error vector is inside the region (application-aware);
+- ``agnostic``: feasible when each NN's error stays within its reference error
+  (accuracy-preserving compression, today's practice), the baseline of the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from qaopt import kernels
+from qaopt.app_spec import AppSpec, QaoptError
+from qaopt.approx import RUNNABLE_ON, Candidate, FinetuneRecipe, Knobs, TargetNN, build
+from qaopt.calibrate import ErrorRegion
+from qaopt.pipeline import compile_nn, measure_configuration, schedules_for, threads_of
+from qaopt.profiles import Profile
+from qaopt.result import Configuration, StudySummary
+
+Mode = Literal["aware", "agnostic"]
+PRUNE_STEP = 0.05
+"""Pruning ratios are sampled on a grid so that trials reuse each other's cached candidates."""
+QUICK_PROTOCOL = kernels.Protocol(warmup=1, repeats=3, max_seconds=5.0)
+HEARTBEAT_S = 30
+GRACE_S = 120
+"""A trial whose process sent no heartbeat for GRACE_S seconds is failed and retried by the next worker."""
+
+
+class OptimizeError(QaoptError):
+    """A run that cannot go on (an unreachable study storage, an empty region, ...)."""
+
+
+def open_storage(url: str) -> RDBStorage:
+    """An Optuna RDB storage; fails fast with the reason when the database cannot be reached.
+
+    Heartbeats let a re-run (or another worker) recognise trials of a killed process as
+    failed, and the retry callback re-enqueues them so no trial is lost.
+    """
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("postgresql"):
+        engine_kwargs["connect_args"] = {"connect_timeout": 5}
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+            )
+    except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this storage"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OptimizeError(f"search.storage: cannot open {_redact(url)}: {reason}") from None
+
+
+def _redact(url: str) -> str:
+    """Hide a password in a database URL before printing it."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+    return url
+
+
+@dataclass
+class SearchContext:
+    """Everything a trial needs, built once per run."""
+
+    spec: AppSpec
+    profile: Profile
+    nns: dict[str, TargetNN]
+    target: kernels.Target
+    cache_dir: Path
+    region: ErrorRegion
+    reference_errors: dict[str, float]
+    agnostic_tolerance: float
+    incumbent_ms: dict[Mode, float] = field(default_factory=dict)
+    _measured: dict[tuple, tuple[dict, float, int | None]] = field(default_factory=dict, repr=False)
+
+    @property
+    def recipe(self) -> FinetuneRecipe:
+        return FinetuneRecipe()
+
+    def examples(self) -> dict[str, np.ndarray]:
+        return {name: np.zeros(nn.input_shape, dtype=np.float32) for name, nn in self.nns.items()}
+
+    def build(self, name: str, knobs: Knobs) -> Candidate:
+        backend = None if self.target.backend == "auto" else self.target.backend
+        return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=backend)
+
+    def measure(self, candidates: Mapping[str, Candidate], schedule: str, mode: Mode | None = None):
+        """Compile and measure a configuration once per run: both studies and the reference share it,
+        so their latencies compare without measurement noise between them."""
+        key = (tuple(sorted((n, c.key) for n, c in candidates.items())), schedule)
+        if key not in self._measured:
+            self._measured[key] = measure_configuration(
+                candidates, self.examples(), schedule, self.target, self.cache_dir, self.incumbent_ms.get(mode)
+            )
+        return self._measured[key]
+
+    def errors_of(self, candidates: Mapping[str, Candidate]) -> dict[str, float]:
+        """The configuration's point in the region's axes (NNs not calibrated are left out)."""
+        calibrated = {a.nn for a in self.region.space.axes}
+        return self.region.errors_of(
+            {n: np.concatenate([np.ravel(r) for r in c.residuals]) for n, c in candidates.items() if n in calibrated}
+        )
+
+    def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate]) -> float:
+        """Optuna constraint value: <= 0 when feasible, else how far outside (relative)."""
+        over_reference = max(
+            (c.error / max(self.reference_errors[n], 1e-12) - 1.0 - self.agnostic_tolerance for n, c in candidates.items()),
+            default=0.0,
+        )
+        if mode == "agnostic":
+            return over_reference
+        calibrated = {a.nn for a in self.region.space.axes}
+        uncalibrated = [n for n in candidates if n not in calibrated]
+        # An NN outside the error space has no proven headroom: it keeps its reference error.
+        if uncalibrated and max(candidates[n].error / max(self.reference_errors[n], 1e-12) - 1.0 - self.agnostic_tolerance
+                                for n in uncalibrated) > 0:
+            return 1.0
+        if self.region.contains(errors):
+            return 0.0
+        return max(1e-3, 1.0 - self.region.probability(errors))
+
+
+class Objective:
+    """One Optuna trial: sample knobs, build, check the region, then compile, tune and measure."""
+
+    def __init__(self, ctx: SearchContext, mode: Mode, on_trial: Callable[[str], None] = lambda message: None):
+        self.ctx = ctx
+        self.mode = mode
+        self.on_trial = on_trial
+
+    def __call__(self, trial: optuna.Trial) -> list[float]:
+        ctx = self.ctx
+        try:
+            knobs = {name: self._knobs(trial, name) for name in ctx.nns}
+            schedule = trial.suggest_categorical("schedule", list(schedules_for(len(ctx.nns), threads_of(ctx.target))))
+            self.on_trial(f"{self.mode} trial {trial.number}: building candidates")
+            candidates = {name: ctx.build(name, k) for name, k in knobs.items()}
+            errors = ctx.errors_of(candidates)
+            violation = ctx.violation(self.mode, errors, candidates)
+            trial.set_constraint("region" if self.mode == "aware" else "reference_error", violation)
+            trial.set_user_attr("errors", errors)
+            trial.set_user_attr("nn_errors", {n: c.error for n, c in candidates.items()})
+            trial.set_user_attr("feasible", violation <= 0)
+            if violation > 0:
+                # Infeasible: never tuned; a quick untuned figure keeps the sampler informed.
+                latency, memory = self._quick(candidates)
+                trial.set_user_attr("tuned", False)
+                return self._values(latency, memory)
+            self.on_trial(f"{self.mode} trial {trial.number}: compiling and measuring on {ctx.target.device}")
+            measured, latency, memory = ctx.measure(candidates, schedule, self.mode)
+            ctx.incumbent_ms[self.mode] = min(latency, ctx.incumbent_ms.get(self.mode, float("inf")))
+            config = Configuration(
+                trial=trial.number,
+                nns={n: m.choice for n, m in measured.items()},
+                schedule=schedule,
+                latency_ms=latency,
+                memory_bytes=memory,
+                errors=errors,
+                in_region=True if self.mode == "aware" else ctx.region.contains(errors),
+            )
+            trial.set_user_attr("tuned", True)
+            trial.set_user_attr("configuration", config.model_dump(mode="json"))
+            return self._values(latency, memory)
+        except Exception as exc:
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _knobs(self, trial: optuna.Trial, name: str) -> Knobs:
+        space = self.ctx.spec.knobs_for(name)
+        profile = self.ctx.profile
+        ratio, steps, importance, round_to, per_layer = 0.0, 1, "l1", 8, {}
+        if space.pruning is not None:
+            lo, hi = space.pruning.ratio
+            ratio = trial.suggest_float(f"{name}.prune_ratio", lo, hi, step=PRUNE_STEP) if hi > lo else lo
+            steps = min(space.pruning.steps, profile.max_prune_steps or space.pruning.steps)
+            importance, round_to, per_layer = space.pruning.importance, space.pruning.round_to, space.pruning.per_layer
+        dtypes = space.quantization.dtypes if space.quantization is not None else ["fp32"]
+        if self.ctx.target.backend != "auto":
+            dtypes = [d for d in dtypes if self.ctx.target.backend in RUNNABLE_ON[d]] or ["fp32"]
+        dtype = trial.suggest_categorical(f"{name}.dtype", dtypes)
+        finetune = 0
+        if space.finetune is not None and (ratio > 0 or per_layer):
+            lo, hi = space.finetune.steps
+            if profile.max_finetune_steps is not None:
+                lo, hi = min(lo, profile.max_finetune_steps), min(hi, profile.max_finetune_steps)
+            finetune = trial.suggest_int(f"{name}.finetune_steps", lo, hi, step=max(1, (hi - lo) // 4)) if hi > lo else lo
+        return Knobs(
+            prune_ratio=ratio,
+            prune_steps=steps if ratio > 0 else 1,
+            importance=importance,
+            round_to=round_to,
+            per_layer=per_layer,
+            dtype=dtype,
+            finetune_steps=finetune,
+            seed=self.ctx.spec.search.seed,
+        )
+
+    def _quick(self, candidates: Mapping[str, Candidate]) -> tuple[float, int | None]:
+        """Untuned latency (sequential) on the first backend that runs each candidate."""
+        latency, memory = 0.0, 0
+        for name, c in candidates.items():
+            backend = "onnxruntime" if c.onnx_path is not None else "torch"
+            target = replace(self.ctx.target, backend=backend, tuning=kernels.TuningBudget())
+            m = compile_nn(c, self.ctx.examples()[name], target, self.ctx.cache_dir, protocol=QUICK_PROTOCOL)
+            latency += m.choice.latency_ms
+            memory = memory + m.choice.memory_bytes if memory is not None and m.choice.memory_bytes is not None else None
+        return latency, memory
+
+    def _values(self, latency: float, memory: int | None) -> list[float]:
+        figures = {"latency": latency, "memory": (memory or 0) / 2**20}
+        return [figures[o] for o in self.ctx.spec.search.objectives]
+
+
+def run_study(
+    ctx: SearchContext,
+    mode: Mode,
+    storage: RDBStorage,
+    n_trials: int,
+    reference_knobs: Mapping[str, Knobs],
+    on_trial: Callable[[str], None] = lambda message: None,
+    on_done: Callable[[FrozenTrial], None] = lambda trial: None,
+) -> optuna.Study:
+    """Create or resume the study of ``mode`` and run it until it holds ``n_trials`` finished trials.
+
+    Several workers (processes, machines) may run this on one storage at once: the
+    trial count is shared, so together they run ``n_trials``.
+    """
+    optuna.logging.set_verbosity(logging.WARNING)
+    name = f"{ctx.spec.app.name}-{ctx.spec.content_hash()}-{mode}"
+    sampler = optuna.samplers.TPESampler(seed=ctx.spec.search.seed, multivariate=True, constant_liar=True)
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage,
+        sampler=sampler,
+        directions=["minimize"] * len(ctx.spec.search.objectives),
+        load_if_exists=True,
+    )
+    # The reference configuration (nothing approximated) is always the first trial of both studies.
+    params: dict[str, Any] = {}
+    for nn, k in reference_knobs.items():
+        space = ctx.spec.knobs_for(nn)
+        if space.pruning is not None and space.pruning.ratio[1] > space.pruning.ratio[0]:
+            params[f"{nn}.prune_ratio"] = k.prune_ratio
+        params[f"{nn}.dtype"] = k.dtype
+    params["schedule"] = "sequential"
+    study.enqueue_trial(params, skip_if_exists=True)
+
+    def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
+        on_done(trial)
+        if finished_trials(study) >= n_trials:
+            study.stop()
+
+    if finished_trials(study) < n_trials:
+        study.optimize(Objective(ctx, mode, on_trial), catch=(Exception,), callbacks=[stop_when_done], gc_after_trial=True)
+    return study
+
+
+def finished_trials(study: optuna.Study) -> int:
+    """Trials that count against the budget: completed or failed, except failures that were retried.
+
+    A trial of a killed process is failed by heartbeat and re-enqueued; only its retry counts,
+    so a resumed run still ends with the budget's number of trials.
+    """
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
+    return sum(
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and t.number not in retried)
+        for t in trials
+    )
+
+
+def feasible_configurations(study: optuna.Study) -> list[Configuration]:
+    """Feasible, measured configurations on the Pareto front, fastest first."""
+    front = [t for t in study.best_trials if t.user_attrs.get("configuration")]
+    configs = [Configuration.model_validate(t.user_attrs["configuration"]) for t in front]
+    return sorted(configs, key=lambda c: (c.latency_ms, c.memory_bytes or 0))
+
+
+def summarize(study: optuna.Study) -> StudySummary:
+    trials = study.get_trials(deepcopy=False)
+    return StudySummary(
+        name=study.study_name,
+        trials_complete=sum(t.state == TrialState.COMPLETE for t in trials),
+        trials_failed=sum(t.state == TrialState.FAIL for t in trials),
+        trials_feasible=sum(bool(t.user_attrs.get("feasible")) for t in trials if t.state == TrialState.COMPLETE),
+        failures=[f"trial {t.number}: {t.user_attrs.get('error', 'failed')}" for t in trials if t.state == TrialState.FAIL],
+    )

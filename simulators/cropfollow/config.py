@@ -1,0 +1,259 @@
+"""Parameters of the CropFollow world, robot, camera and controller.
+
+Every parameter has a physical unit in its name and a default modelled on
+TerraSentia in a maize field (CropFollow, ApproxCaliper). Parameters are checked
+when a config is built, so a bad value fails at once with a message naming it,
+not as a silent collision count hours later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import CropFollowParamError
+
+
+def _require(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise CropFollowParamError(param, message)
+
+
+@dataclass(frozen=True)
+class FieldParams:
+    """The crop field: parallel rows (constant spacing, as a planter sows them) that curve."""
+
+    row_spacing_m: float = 0.76
+    """Distance between neighbouring plant rows (the corridor the robot drives in)."""
+    curvature_max_per_m: float = 0.02
+    """Largest row curvature (1/radius); 0 gives straight rows."""
+    curvature_wavelength_m: tuple[float, float] = (20.0, 60.0)
+    """Range of the wavelengths of the smooth random curvature profile."""
+    plant_spacing_m: float = 0.17
+    """Mean distance between neighbouring plants along a row."""
+    plant_spacing_jitter: float = 0.35
+    """Relative spread of the plant spacing (irregular sowing)."""
+    missing_plant_prob: float = 0.1
+    """Probability that a single plant is missing."""
+    gap_prob_per_m: float = 0.04
+    """Rate of longer gaps (several missing plants) per metre of row."""
+    gap_length_m: float = 0.8
+    """Mean length of such a gap."""
+    plant_height_m: tuple[float, float] = (0.9, 1.8)
+    """Range of plant heights."""
+    leaf_spread_m: tuple[float, float] = (0.12, 0.3)
+    """Range of how far leaves reach sideways from the stalk."""
+    stalk_radius_m: float = 0.012
+    """Radius of a stalk: the body touches the row when it comes this close to the row line."""
+
+    def __post_init__(self) -> None:
+        _require(self.row_spacing_m > 0, "field.row_spacing_m", f"{self.row_spacing_m} must be > 0 (e.g. 0.76)")
+        _require(
+            0 <= self.curvature_max_per_m < 0.5,
+            "field.curvature_max_per_m",
+            f"{self.curvature_max_per_m} must be in [0, 0.5) (a row radius above 2 m)",
+        )
+        lo, hi = self.curvature_wavelength_m
+        _require(0 < lo <= hi, "field.curvature_wavelength_m", f"{self.curvature_wavelength_m} must be (min, max) with 0 < min <= max")
+        _require(self.plant_spacing_m > 0, "field.plant_spacing_m", f"{self.plant_spacing_m} must be > 0")
+        _require(0 <= self.plant_spacing_jitter < 1, "field.plant_spacing_jitter", f"{self.plant_spacing_jitter} must be in [0, 1)")
+        _require(0 <= self.missing_plant_prob < 1, "field.missing_plant_prob", f"{self.missing_plant_prob} must be in [0, 1)")
+        _require(self.gap_prob_per_m >= 0, "field.gap_prob_per_m", f"{self.gap_prob_per_m} must be >= 0")
+        _require(self.gap_length_m > 0, "field.gap_length_m", f"{self.gap_length_m} must be > 0")
+        lo, hi = self.plant_height_m
+        _require(0 < lo <= hi, "field.plant_height_m", f"{self.plant_height_m} must be (min, max) with 0 < min <= max")
+        lo, hi = self.leaf_spread_m
+        _require(0 <= lo <= hi, "field.leaf_spread_m", f"{self.leaf_spread_m} must be (min, max) with 0 <= min <= max")
+        _require(
+            0 <= self.stalk_radius_m < self.row_spacing_m / 2,
+            "field.stalk_radius_m",
+            f"{self.stalk_radius_m} must be in [0, row_spacing_m / 2)",
+        )
+
+
+@dataclass(frozen=True)
+class RobotParams:
+    """A skid-steer unicycle (TerraSentia: 0.35 m wide, cruising at 0.6 m/s)."""
+
+    cruise_speed_mps: float = 0.6
+    max_speed_mps: float = 1.0
+    max_turn_rate_radps: float = 1.0
+    body_width_m: float = 0.35
+    body_length_m: float = 0.5
+    speed_slip_std: float = 0.03
+    """Relative wheel-slip noise on the forward speed (per physics sub-step)."""
+    turn_noise_std_radps: float = 0.05
+    """Terrain noise on the turn rate (rad/s, per physics sub-step)."""
+
+    def __post_init__(self) -> None:
+        _require(self.cruise_speed_mps > 0, "robot.cruise_speed_mps", f"{self.cruise_speed_mps} must be > 0")
+        _require(
+            self.max_speed_mps >= self.cruise_speed_mps,
+            "robot.max_speed_mps",
+            f"{self.max_speed_mps} must be >= cruise_speed_mps ({self.cruise_speed_mps})",
+        )
+        _require(self.max_turn_rate_radps > 0, "robot.max_turn_rate_radps", f"{self.max_turn_rate_radps} must be > 0")
+        _require(self.body_width_m > 0, "robot.body_width_m", f"{self.body_width_m} must be > 0")
+        _require(self.body_length_m > 0, "robot.body_length_m", f"{self.body_length_m} must be > 0")
+        _require(0 <= self.speed_slip_std < 1, "robot.speed_slip_std", f"{self.speed_slip_std} must be in [0, 1)")
+        _require(self.turn_noise_std_radps >= 0, "robot.turn_noise_std_radps", f"{self.turn_noise_std_radps} must be >= 0")
+
+
+@dataclass(frozen=True)
+class CameraParams:
+    """The front camera: 320x240 RGB, 0.28 m above ground, pitched down, ~60 deg wide."""
+
+    width_px: int = 320
+    height_px: int = 240
+    focal_px: float = 277.0
+    mount_height_m: float = 0.28
+    pitch_down_deg: float = 18.0
+    forward_offset_m: float = 0.2
+    """Camera position ahead of the robot's centre (it sits at the front)."""
+
+    @property
+    def half_vfov_deg(self) -> float:
+        return math.degrees(math.atan((self.height_px / 2) / self.focal_px))
+
+    def __post_init__(self) -> None:
+        _require(self.width_px >= 8 and self.height_px >= 8, "camera.width_px", "the image must be at least 8x8 pixels")
+        _require(self.focal_px > 0, "camera.focal_px", f"{self.focal_px} must be > 0 (277 gives a 60 deg field of view)")
+        _require(self.mount_height_m > 0, "camera.mount_height_m", f"{self.mount_height_m} must be > 0: the camera must sit above the ground")
+        _require(
+            self.pitch_down_deg + self.half_vfov_deg > 1.0,
+            "camera.pitch_down_deg",
+            f"{self.pitch_down_deg} leaves the ground out of view: the lowest image row looks "
+            f"{self.pitch_down_deg + self.half_vfov_deg:.1f} deg below the horizon; pitch it down more "
+            f"(above {1.0 - self.half_vfov_deg:.1f} deg)",
+        )
+        _require(self.pitch_down_deg < 89.0, "camera.pitch_down_deg", f"{self.pitch_down_deg} must be < 89 (looking straight down sees no rows ahead)")
+
+
+@dataclass(frozen=True)
+class ControllerParams:
+    """The row-following controller and its tuning.
+
+    ``mpc`` is a receding-horizon linear-quadratic controller on the discretised
+    lateral/heading error dynamics (horizon ``horizon_steps`` perception periods);
+    without active constraints its optimal first move is a linear feedback, which
+    is then limited to the robot's turn rate. ``stanley`` is the Stanley steering
+    law adapted to a unicycle (turn rate toward a heading that closes the lateral
+    error).
+    """
+
+    kind: Literal["mpc", "stanley"] = "mpc"
+    horizon_steps: int = 20
+    q_lateral: float = 40.0
+    """MPC weight on lateral error (per m^2)."""
+    q_heading: float = 2.0
+    """MPC weight on heading error (per rad^2)."""
+    r_turn: float = 1.0
+    """MPC weight on the turn rate (per (rad/s)^2)."""
+    stanley_gain: float = 1.5
+    """Stanley cross-track gain (1/s at cruise speed)."""
+    stanley_heading_gain: float = 1.2
+    """Turn rate per radian of Stanley steering error (1/s)."""
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("mpc", "stanley"), "controller", f"{self.kind!r} is not a controller; use 'mpc' or 'stanley'")
+        _require(self.horizon_steps >= 1, "controller_params.horizon_steps", f"{self.horizon_steps} must be >= 1")
+        for name in ("q_lateral", "q_heading", "stanley_gain", "stanley_heading_gain"):
+            _require(getattr(self, name) >= 0, f"controller_params.{name}", f"{getattr(self, name)} must be >= 0")
+        _require(self.r_turn > 0, "controller_params.r_turn", f"{self.r_turn} must be > 0")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything that determines a CropFollow run, apart from the seed and the NNs."""
+
+    run_length_m: float = 100.0
+    perception_hz: float = 10.0
+    physics_substeps: int = 4
+    max_time_factor: float = 3.0
+    """A run that has not covered ``run_length_m`` after this many times its nominal duration stops."""
+    initial_lateral_m: float = 0.04
+    """Start offsets are drawn uniformly within +-this (lateral, m) ..."""
+    initial_heading_deg: float = 3.0
+    """... and +-this (heading, degrees)."""
+    field: FieldParams = dataclasses.field(default_factory=FieldParams)
+    robot: RobotParams = dataclasses.field(default_factory=RobotParams)
+    camera: CameraParams = dataclasses.field(default_factory=CameraParams)
+    control: ControllerParams = dataclasses.field(default_factory=ControllerParams)
+
+    def __post_init__(self) -> None:
+        _require(self.run_length_m > 0, "run_length_m", f"{self.run_length_m} must be > 0 (e.g. 100.0)")
+        _require(0 < self.perception_hz <= 1000, "perception_hz", f"{self.perception_hz} must be in (0, 1000] Hz")
+        _require(self.physics_substeps >= 1, "physics_substeps", f"{self.physics_substeps} must be >= 1")
+        _require(self.max_time_factor >= 1, "max_time_factor", f"{self.max_time_factor} must be >= 1")
+        corridor = self.field.row_spacing_m / 2 - self.field.stalk_radius_m
+        _require(
+            self.robot.body_width_m / 2 < corridor,
+            "robot.body_width_m",
+            f"{self.robot.body_width_m} does not fit between rows {self.field.row_spacing_m} m apart",
+        )
+        _require(0 <= self.initial_lateral_m < corridor - self.robot.body_width_m / 2, "initial_lateral_m", f"{self.initial_lateral_m} must leave the body inside the corridor")
+        _require(0 <= self.initial_heading_deg < 45, "initial_heading_deg", f"{self.initial_heading_deg} must be in [0, 45)")
+
+    @property
+    def perception_period_s(self) -> float:
+        return 1.0 / self.perception_hz
+
+    @property
+    def max_steps(self) -> int:
+        nominal = self.run_length_m / (self.robot.cruise_speed_mps * self.perception_period_s)
+        return int(math.ceil(nominal * self.max_time_factor))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form (the cache key of everything computed from this config)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_params(cls, **params: Any) -> SimConfig:
+        """Build from the spec's flat-or-nested ``params``.
+
+        Top-level keys are this class's fields; ``field``, ``robot``, ``camera`` take
+        mappings of their fields; ``controller`` is ``"mpc"`` or ``"stanley"`` and
+        ``controller_params`` a mapping of :class:`ControllerParams` fields.
+        """
+        params = dict(params)
+        nested = {
+            "field": FieldParams,
+            "robot": RobotParams,
+            "camera": CameraParams,
+        }
+        kwargs: dict[str, Any] = {}
+        for key, kind in nested.items():
+            if key in params:
+                kwargs[key] = _build(kind, params.pop(key), key)
+        control = dict(_mapping(params.pop("controller_params", {}), "controller_params"))
+        if "controller" in params:
+            control["kind"] = params.pop("controller")
+        kwargs["control"] = _build(ControllerParams, control, "controller_params")
+        top = {f.name for f in dataclasses.fields(cls)} - set(nested) - {"control"}
+        unknown = sorted(set(params) - top)
+        if unknown:
+            raise CropFollowParamError(unknown[0], f"unknown parameter; valid ones: {', '.join(sorted(top | set(nested) | {'controller', 'controller_params'}))}")
+        return cls(**params, **kwargs)
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise CropFollowParamError(where, f"must be a mapping of parameters, got {type(value).__name__}")
+    return value
+
+
+def _build(kind: type, value: Any, where: str) -> Any:
+    if isinstance(value, kind):
+        return value
+    value = dict(_mapping(value, where))
+    names = {f.name for f in dataclasses.fields(kind)}
+    unknown = sorted(set(value) - names)
+    if unknown:
+        raise CropFollowParamError(f"{where}.{unknown[0]}", f"unknown parameter; valid ones: {', '.join(sorted(names))}")
+    for name, v in value.items():
+        if isinstance(v, list):
+            value[name] = tuple(v)
+    return kind(**value)

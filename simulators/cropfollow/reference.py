@@ -1,0 +1,88 @@
+"""The reference perception NNs, ready to use: committed weights, else cached, else trained.
+
+``reference_nn(target, backbone)`` is what the example spec names as each NN's
+model. The package ships the compact NNs' weights (``weights/compact-*.pt``,
+with their recipe and validation report beside them as JSON); any other recipe is
+trained on first use and cached under its content hash.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .dataset import default_cache_dir
+from .evaluator import NN_NAMES
+from .errors import CropFollowParamError
+
+PACKAGE_WEIGHTS = Path(__file__).parent / "weights"
+
+
+def weights_path(target: str, backbone: str, cache_dir: str | Path | None = None, **recipe: Any) -> Path:
+    """Where the weights of this recipe are (or will be): the package's if they match, else the cache's."""
+    from .train import Recipe
+
+    r = Recipe(target=target, backbone=backbone, **recipe)
+    packaged = PACKAGE_WEIGHTS / f"{backbone}-{target}"
+    meta = packaged.with_suffix(".json")
+    if meta.exists() and json.loads(meta.read_text()).get("key") == r.key():
+        return packaged
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / "cropfollow" / "weights" / f"{backbone}-{target}-{r.key()}"
+
+
+def reference_nn(
+    target: str = "heading",
+    backbone: str = "compact",
+    cache_dir: str | Path | None = None,
+    device: str = "cpu",
+    train_if_missing: bool = True,
+    **recipe: Any,
+):
+    """The trained NavNet for ``target`` ("heading" in deg, "distance" ratio), in eval mode.
+
+    Input float32 (B, 3, 240, 320) RGB in [0, 1] (normalised inside); output (B, 1).
+    ``recipe`` overrides :class:`.train.Recipe` fields (epochs, lr, dataset, ...).
+    Without stored weights it trains (on ``device``) unless ``train_if_missing`` is False.
+    """
+    from . import train as training
+
+    if target not in NN_NAMES:
+        raise CropFollowParamError("target", f"{target!r} is not a CropFollow NN; use 'heading' or 'distance'")
+    if backbone not in ("compact", "resnet18"):
+        raise CropFollowParamError("backbone", f"{backbone!r} is unknown; use 'compact' or 'resnet18'")
+    r = training.Recipe(target=target, backbone=backbone, **recipe)
+    path = weights_path(target, backbone, cache_dir, **recipe)
+    if not path.with_suffix(".json").exists():
+        if not train_if_missing:
+            raise CropFollowParamError("backbone", f"no trained weights for {backbone}-{target} at {path}; train them with `qaopt train --target {target} --backbone {backbone}`")
+        model, report = training.train(r, device=device, cache_dir=cache_dir)
+        training.save(model, r, report, path)
+    return training.load(path, r)
+
+
+def reference_report(target: str = "heading", backbone: str = "compact", cache_dir: str | Path | None = None, **recipe: Any) -> dict[str, Any] | None:
+    """The stored validation report of a trained reference NN, or None if it is not trained yet."""
+    meta = weights_path(target, backbone, cache_dir, **recipe).with_suffix(".json")
+    return json.loads(meta.read_text())["report"] if meta.exists() else None
+
+
+def torch_perception(model: Any, device: str = "cpu", batch_size: int = 64):
+    """Wrap a torch NN as a perception callable: float32 ndarray (B,3,H,W) -> ndarray (B,).
+
+    What :meth:`CropFollowEvaluator.evaluate_perception` takes for each NN.
+    """
+    import numpy as np
+    import torch
+
+    model = model.eval().to(device)
+
+    def perceive(images: np.ndarray) -> np.ndarray:
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(images), batch_size):
+                out.append(model(torch.from_numpy(images[i : i + batch_size]).to(device)).float().cpu().numpy().reshape(-1))
+        return np.concatenate(out)
+
+    return perceive

@@ -1,0 +1,125 @@
+"""A tiny two-NN application for end-to-end tests of the optimize pipeline (seconds, not hours).
+
+Each perception step shows an 8x8 grey image whose left half has brightness ``a``
+and right half ``b``; NN ``a`` estimates ``a``, NN ``b`` estimates ``b``. The
+application "crashes" in a run when the running mean of |error| over 5 steps
+exceeds 0.35 for either NN: a monotone QoS, like a robot leaving its row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+STEPS = 30
+WINDOW = 5
+LIMIT = 0.35
+NAMES = ("a", "b")
+
+
+def _images(truth: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(N, 2) brightness pairs -> (N, 1, 8, 8) float32 images with sensor noise."""
+    x = np.empty((len(truth), 1, 8, 8), np.float32)
+    x[:, 0, :, :4] = truth[:, 0, None, None]
+    x[:, 0, :, 4:] = truth[:, 1, None, None]
+    return x + rng.normal(0, 0.05, x.shape).astype(np.float32)
+
+
+def _drive(seed: int) -> np.ndarray:
+    """One run's (STEPS, 2) true brightness, a smooth random walk in [0, 1]."""
+    rng = np.random.default_rng(seed)
+    walk = np.cumsum(rng.normal(0, 0.08, (STEPS, 2)), axis=0) + rng.uniform(0.3, 0.7, 2)
+    return np.clip(walk, 0.0, 1.0)
+
+
+@dataclass
+class TinyData:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    val_sequences: list[np.ndarray]
+
+
+def tiny_data(target: str = "a", drives: int = 24) -> TinyData:
+    column = NAMES.index(target)
+    rng = np.random.default_rng(7)
+    truth = np.concatenate([_drive(1000 + i) for i in range(drives)])
+    x = _images(truth, rng)
+    y = truth[:, column : column + 1].astype(np.float32)
+    n_val = 6 * STEPS
+    return TinyData(x[:-n_val], y[:-n_val], x[-n_val:], y[-n_val:],
+                    [np.arange(i * STEPS, (i + 1) * STEPS) for i in range(6)])
+
+
+class TinyNet(nn.Module):
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def tiny_net(target: str = "a", steps: int = 150) -> TinyNet:
+    """A trained TinyNet (deterministic: fixed seed, single thread)."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    data = tiny_data(target)
+    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        idx = torch.randint(0, len(x), (64,), generator=g)
+        loss = nn.functional.l1_loss(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+class TinyEvaluator:
+    """The application: QoS metric ``crashes`` (0 or 1 per run)."""
+
+    nn_names = NAMES
+
+    def __init__(self, steps: int = STEPS):
+        self.steps = steps
+
+    def _qos(self, errors: np.ndarray) -> list[dict[str, float]]:
+        # errors: (B, STEPS, 2) signed errors
+        kernel = np.ones(WINDOW) / WINDOW
+        crashed = []
+        for run in np.abs(errors):
+            means = np.stack([np.convolve(run[:, k], kernel, mode="valid") for k in range(2)])
+            crashed.append(float((means > LIMIT).any()))
+        return [{"crashes": c, "steps": float(self.steps)} for c in crashed]
+
+    def evaluate(self, injectors: Mapping[str, Callable], seeds: Sequence[int]) -> list[dict[str, float]]:
+        truth = np.stack([_drive(s) for s in seeds])  # (B, STEPS, 2)
+        rng = np.random.default_rng(list(seeds))
+        est = truth.copy()
+        for t in range(self.steps):
+            for k, name in enumerate(NAMES):
+                if name in injectors:
+                    est[:, t, k] = np.asarray(injectors[name](truth[:, t, k].copy(), rng, t)).reshape(-1)
+        return self._qos(est - truth)
+
+    def evaluate_perception(self, nns: Mapping[str, Callable], seeds: Sequence[int]) -> list[dict[str, float]]:
+        truth = np.stack([_drive(s) for s in seeds])
+        rng = np.random.default_rng(list(seeds))
+        images = _images(truth.reshape(-1, 2), rng)
+        est = truth.copy()
+        for k, name in enumerate(NAMES):
+            if name in nns:
+                est[:, :, k] = np.asarray(nns[name](images)).reshape(len(seeds), self.steps)
+        return self._qos(est - truth)

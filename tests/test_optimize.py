@@ -1,0 +1,205 @@
+"""`qaopt optimize` end to end on the tiny test application (tests/apps/tinyapp.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+from rich.console import Console
+
+import qaopt.optimize as optimize_module
+import qaopt.search as search_module
+from qaopt.optimize import optimize
+from qaopt.result import Result
+from qaopt.search import OptimizeError
+
+APPS = Path(__file__).resolve().parent / "apps"
+QUIET = Console(file=io.StringIO())
+
+
+def _spec(folder: Path, **edits) -> Path:
+    data = yaml.safe_load((APPS / "tiny.yaml").read_text())
+    for dotted, value in edits.items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(APPS)}
+
+
+def _qaopt() -> str:
+    return str(Path(sys.executable).parent / "qaopt")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    spec = _spec(tmp_path_factory.mktemp("tiny"))
+    return spec, optimize(spec, profile="quick", trials=4, console=QUIET)
+
+
+def test_end_to_end_outputs(tiny_run):
+    spec, result = tiny_run
+    run = spec.parent / "runs"
+    assert Result.load(run / "result.json") == result
+    assert result.studies["aware"].trials_complete + result.studies["aware"].trials_failed == 4
+    assert result.studies["agnostic"].trials_complete == 4
+    # The reference configuration is the first trial of each study, measured once.
+    assert result.reference.latency_ms > 0 and result.reference.errors.keys() == {"a", "b"}
+    assert result.aware is not None and result.aware.in_region
+    assert result.speedups.aware == pytest.approx(result.reference.latency_ms / result.aware.latency_ms)
+    assert result.validations and result.validations[0].runs == 8
+    report = (run / "report.md").read_text()
+    for section in ("## Outcome", "## Error region", "## Closed-loop validation", "## Search", "region.png", "pareto.png"):
+        assert section in report
+    assert (run / "pareto.png").stat().st_size > 0 and (run / "region.png").stat().st_size > 0
+
+
+def test_artifacts_are_deployable(tiny_run):
+    import onnxruntime as ort
+
+    _, result = tiny_run
+    for nn, files in result.artifacts.items():
+        assert set(files) == {"state_dict", "onnx", "compiled"}
+        session = ort.InferenceSession(str(files["onnx"]), providers=["CPUExecutionProvider"])
+        out = session.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})[0]
+        assert out.shape == (1, 1) and np.isfinite(out).all()
+        assert all(Path(p).exists() for p in files.values()), nn
+
+
+def test_rerun_resumes_without_repeating_work(tiny_run, monkeypatch):
+    spec, first = tiny_run
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("the region of this spec exists and must be reused")
+
+    monkeypatch.setattr(optimize_module, "calibrate_spec", no_calibration)
+    again = optimize(spec, profile="quick", trials=4, console=QUIET)
+    assert again.studies == first.studies
+    assert again.aware == first.aware and again.validations == first.validations
+
+
+def test_killed_run_resumes_without_repeating_finished_trials(tmp_path, monkeypatch):
+    spec = _spec(tmp_path / "killed")
+    db = tmp_path / "killed" / "runs" / "study.db"
+    proc = subprocess.Popen([_qaopt(), "optimize", str(spec), "--profile", "quick", "--trials", "3"],
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None:
+            if _complete_trials(db) >= 1:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    before = _trials(db)
+    assert before, "no finished trial recorded before the kill"
+    # The killed process's running trial is failed by heartbeat and retried.
+    monkeypatch.setattr(search_module, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(search_module, "GRACE_S", 1)
+    time.sleep(1.5)
+    optimize(spec, profile="quick", trials=3, console=QUIET)
+    after = _trials(db)
+    for key, params in before.items():
+        assert after[key] == params, "a finished trial was changed or repeated"
+    aware = [k for k in after if k[0].endswith("-aware")]
+    assert len(aware) == 3
+
+
+def _complete_trials(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db) as con:
+            return con.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def _trials(db: Path) -> dict[tuple[str, int], dict]:
+    """Completed trials of every study in the storage: (study, number) -> params."""
+    storage = f"sqlite:///{db}"
+    out = {}
+    for summary in optuna.study.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            out[(summary.study_name, t.number)] = t.params
+    return out
+
+
+def test_empty_region_ends_with_a_clear_message_and_the_plot(tmp_path):
+    spec = _spec(tmp_path / "empty", **{"qos.max": -1})
+    with pytest.raises(OptimizeError, match="error region is empty") as info:
+        optimize(spec, profile="quick", trials=2, console=QUIET)
+    assert "region.png" in str(info.value)
+    assert (tmp_path / "empty" / "runs" / "region.png").stat().st_size > 0
+    assert not (tmp_path / "empty" / "runs" / "report.md").exists()
+
+
+def test_unreachable_storage_fails_fast(tmp_path):
+    spec = _spec(tmp_path / "storage")
+    start = time.perf_counter()
+    with pytest.raises(OptimizeError, match=r"search.storage: cannot open postgresql\+psycopg://qaopt:\*\*\*@127.0.0.1:9/"):
+        optimize(spec, storage="postgresql+psycopg://qaopt:secret@127.0.0.1:9/qaopt", console=QUIET)
+    assert time.perf_counter() - start < 30
+    assert not (tmp_path / "storage" / "runs" / "region.json").exists()
+
+
+def test_cli_reports_bad_profile(tmp_path, capsys):
+    from qaopt.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["optimize", str(_spec(tmp_path)), "--profile", "fast"])
+    assert info.value.code == 2
+    assert "--profile: no profile named 'fast'" in capsys.readouterr().err
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not os.environ.get("QAOPT_TEST_POSTGRES_URL"), reason="QAOPT_TEST_POSTGRES_URL is not set")
+def test_two_workers_share_one_study_on_postgres(tmp_path):
+    url = os.environ["QAOPT_TEST_POSTGRES_URL"]
+    spec = _spec(tmp_path, **{"app.name": f"tiny-{uuid.uuid4().hex[:8]}"})
+    # Calibrate once, so both workers start from the same region.
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    workers = [
+        subprocess.Popen([_qaopt(), "optimize", str(spec), "--profile", "quick", "--trials", "6", "--storage", url,
+                          "--out", str(tmp_path / f"worker{i}")], env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for i in range(2)
+    ]
+    outputs = [w.communicate(timeout=900)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    for summary in optuna.study.get_all_study_summaries(url):
+        if not summary.study_name.startswith(yaml.safe_load(spec.read_text())["app"]["name"]):
+            continue
+        trials = optuna.load_study(study_name=summary.study_name, storage=url).get_trials(deepcopy=False)
+        assert all(t.state == TrialState.COMPLETE for t in trials), [t.state for t in trials]
+        assert 6 <= len(trials) <= 7  # both workers may start the last trial at once
+        assert len({t.number for t in trials}) == len(trials)
+        reference = [t for t in trials if all(v in (0.0, "fp32", "sequential") for v in t.params.values())]
+        assert len(reference) == 1, "the enqueued reference trial ran more than once"
+        assert len({t._trial_id for t in trials}) == len(trials)

@@ -44,12 +44,15 @@ def build(
     cache_dir: str | Path | None = None,
     recipe: FinetuneRecipe = FinetuneRecipe(),
     backend: str | None = None,
+    device: str = "cpu",
     progress: Progress = lambda message: None,
 ) -> Candidate:
     """The candidate ``knobs`` make of ``nn_``: built (pruned, fine-tuned, quantized, measured) or loaded.
 
     ``backend`` (optional) is the backend the candidate must run on: asking int8 of
     a backend without integer kernels fails at once, before anything is built.
+    ``device`` is where fine-tuning runs (``"cuda"`` if there is one); it is not part
+    of the cache key, so a candidate fine-tuned on a GPU serves a CPU-only run.
     ``progress`` receives one line per stage, for progress displays.
     """
     knobs.check(nn_.name)
@@ -62,21 +65,20 @@ def build(
         if folder is not None:
             return _load(store, folder, nn_.name, knobs)
         start = time.perf_counter()
-        float_key, model = _float_model(nn_, knobs, recipe, store, progress)
+        float_key, model = _float_model(nn_, knobs, recipe, store, device, progress)
+        d = nn_.data
         with store.writing("candidates", key) as tmp:
-            onnx_path = None
             if knobs.dtype == "int8":
                 progress("quantizing to int8 (ONNX Runtime, static QDQ)")
                 rng = np.random.default_rng(knobs.seed)
-                calib = nn_.data.x_train[np.sort(rng.choice(len(nn_.data.x_train), min(CALIBRATION_SAMPLES, len(nn_.data.x_train)), replace=False))]
+                calib = d.x_train[np.sort(rng.choice(len(d.x_train), min(CALIBRATION_SAMPLES, len(d.x_train)), replace=False))]
                 quantize_int8(model, nn_.example_input, calib, tmp / "model.int8.onnx", nn_.name)
-                pred = predict_onnx(ort_session(tmp / "model.int8.onnx"), nn_.data.x_val)
+                progress("measuring the error metric")
+                pred = predict_onnx(ort_session(tmp / "model.int8.onnx"), d.x_val)
             else:
-                model = cast(model, knobs.dtype)
-                pred = predict_torch(model, nn_.data.x_val)
-            progress("measuring the error metric")
-            d = nn_.data
-            macs, params = tp.utils.count_ops_and_params(cast(copy.deepcopy(model), "fp32"), nn_.example_input)
+                progress("measuring the error metric")
+                pred = predict_torch(cast(copy.deepcopy(model), knobs.dtype), d.x_val)
+            macs, params = tp.utils.count_ops_and_params(model, nn_.example_input)
             meta = {
                 "nn": nn_.name,
                 "knobs": knobs.model_dump(mode="json"),
@@ -114,7 +116,9 @@ def _load(store: Store, folder: Path, nn_name: str, knobs: Knobs, from_cache: bo
     )
 
 
-def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, progress: Progress) -> tuple[str, nn.Module]:
+def _float_model(
+    nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, device: str, progress: Progress
+) -> tuple[str, nn.Module]:
     """The pruned, fine-tuned fp32 module (cached apart from the dtype stage)."""
     key = content_hash("approx.float", FORMAT, nn_.fingerprint, knobs.float_part(), recipe.as_dict())
     with store.lock(key):
@@ -124,7 +128,7 @@ def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Sto
         torch.manual_seed(knobs.seed)
         model = copy.deepcopy(nn_.model).float().eval()
         d = nn_.data
-        distiller = Distiller(d.x_train, d.y_train, _teacher_outputs(nn_, store), recipe, knobs.seed)
+        distiller = Distiller(d.x_train, d.y_train, lambda: _teacher_outputs(nn_, store), recipe, knobs.seed, device)
         if knobs.prunes:
             steps = knobs.prune_steps
             per_step = [knobs.finetune_steps * (i + 1) // steps - knobs.finetune_steps * i // steps for i in range(steps)]

@@ -9,7 +9,9 @@ candidate's cost is known before it is built; the defaults fit a CPU.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -49,31 +51,39 @@ class Distiller:
         self,
         x: np.ndarray,
         labels: np.ndarray,
-        teacher: np.ndarray,
+        teacher: Callable[[], np.ndarray],
         recipe: FinetuneRecipe,
         seed: int,
+        device: str = "cpu",
     ):
-        self.x, self.recipe = x, recipe
+        self.x, self.recipe, self.device = x, recipe, torch.device(device)
         self.labels = torch.from_numpy(np.asarray(labels, dtype=np.float32))
-        self.teacher = torch.from_numpy(np.asarray(teacher, dtype=np.float32))
+        self._teacher_outputs = teacher
         self.delta = max(float(self.labels.std()) * recipe.huber_scale, 1e-6)
         self.rng = np.random.default_rng(seed)
+
+    @cached_property
+    def teacher(self) -> torch.Tensor:
+        """The teacher's outputs on the training data, computed on first use (a budget of 0 steps never needs them)."""
+        return torch.from_numpy(np.asarray(self._teacher_outputs(), dtype=np.float32))
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         idx = np.sort(self.rng.choice(len(self.x), size=min(self.recipe.batch_size, len(self.x)), replace=False))
         return torch.from_numpy(np.asarray(self.x[idx], dtype=np.float32)), self.labels[idx], self.teacher[idx]
 
     def loss(self, student: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, labels, teacher = batch
+        device = next(student.parameters()).device
+        x, labels, teacher = (t.to(device) for t in batch)
         out = student(x)
         w = self.recipe.distill_weight
         return w * F.huber_loss(out, teacher, delta=self.delta) + (1 - w) * F.huber_loss(out, labels, delta=self.delta)
 
     def run(self, student: nn.Module, steps: int) -> None:
-        """Train ``student`` for one phase of ``steps`` optimizer steps."""
+        """Train ``student`` for one phase of ``steps`` optimizer steps (on the device; it ends on the CPU)."""
         if steps <= 0:
             return
         r = self.recipe
+        student.to(self.device)
         opt = torch.optim.AdamW(student.parameters(), lr=r.lr, weight_decay=r.weight_decay)
         student.train()
         for step in range(steps):
@@ -82,4 +92,4 @@ class Distiller:
             opt.zero_grad(set_to_none=True)
             self.loss(student, self.batch()).backward()
             opt.step()
-        student.eval()
+        student.cpu().eval()

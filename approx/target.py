@@ -36,7 +36,9 @@ class NNData(Protocol):
     shape ``(N, outputs)``. ``val_sequences`` holds index arrays into the validation
     set, one per drive in time order, so residuals keep their time structure for
     the empirical injector. An optional ``fingerprint`` string attribute, a content
-    hash of the data, saves hashing the images.
+    hash of all the data (or of the recipe that generates it), saves hashing the
+    images, and keeps a candidate's key the same on machines whose floating point
+    differs in the last bit.
     """
 
     x_train: np.ndarray
@@ -71,10 +73,11 @@ class ErrorMetric:
 
 def _array_digest(h: hashlib._Hash, array, chunk: int = 256) -> None:
     """Hash an array, or an array-like in chunks of ``chunk`` rows (an image set may not fit in memory)."""
-    h.update(f"{tuple(array.shape)}".encode())
     if isinstance(array, np.ndarray):
+        h.update(f"{array.shape}{array.dtype}".encode())
         h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
         return
+    h.update(f"{tuple(array.shape)}float32".encode())
     for start in range(0, len(array), chunk):
         block = np.ascontiguousarray(array[start : start + chunk], dtype=np.float32)
         h.update(memoryview(block).cast("B"))
@@ -86,7 +89,9 @@ class TargetNN:
 
     ``model`` is never modified (candidates prune a copy). ``input_shape`` includes
     the batch dimension (``[1, 3, 240, 320]``); it is the shape pruning traces with
-    and MACs are counted for.
+    and MACs are counted for. ``architecture`` names the code that builds the model
+    (:meth:`from_spec` uses the entry point and its arguments); without it the
+    model's class and ``repr`` stand in, which change between torch versions.
     """
 
     name: str
@@ -94,6 +99,7 @@ class TargetNN:
     data: NNData
     input_shape: tuple[int, ...]
     metric: ErrorMetric = ErrorMetric()
+    architecture: str | None = None
     _fingerprint: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -114,7 +120,8 @@ class TargetNN:
                 raise QaoptError(f"nns.{name}.weights: {spec.weights} does not fit {spec.model}: {exc}") from exc
         data = load_entry_point(spec.data.source)(**spec.data.args)
         column = [o.name for o in spec.outputs].index(spec.error_metric.output)
-        return cls(name, model, data, tuple(spec.input_shape), ErrorMetric(spec.error_metric.kind, column))
+        architecture = content_hash(spec.model, spec.args)
+        return cls(name, model, data, tuple(spec.input_shape), ErrorMetric(spec.error_metric.kind, column), architecture)
 
     @property
     def example_input(self) -> torch.Tensor:
@@ -128,7 +135,7 @@ class TargetNN:
         """
         if self._fingerprint is None:
             h = hashlib.sha256()
-            h.update(f"{type(self.model).__module__}.{type(self.model).__qualname__}\n{self.model}".encode())
+            h.update((self.architecture or f"{type(self.model).__module__}.{type(self.model).__qualname__}\n{self.model}").encode())
             for key, tensor in self.model.state_dict().items():
                 h.update(key.encode())
                 _array_digest(h, tensor.detach().cpu().float().numpy())
@@ -137,10 +144,8 @@ class TargetNN:
             if isinstance(data_key, str):
                 h.update(data_key.encode())
             else:
-                for array in (d.x_train, d.x_val):
-                    _array_digest(h, array)
-            for array in (d.y_train, d.y_val, *d.val_sequences):
-                _array_digest(h, np.asarray(array))
+                for array in (d.x_train, d.x_val, d.y_train, d.y_val, *d.val_sequences):
+                    _array_digest(h, array if hasattr(array, "shape") else np.asarray(array))
             self._fingerprint = content_hash(h.hexdigest(), self.input_shape, self.metric.kind, self.metric.column)
         return self._fingerprint
 

@@ -64,7 +64,7 @@ def synthetic_rows(target: str, n_train: int = 768, n_val: int = 192, drive: int
     return SimpleNamespace(**splits, val_sequences=[np.arange(i, min(i + drive, n_val)) for i in range(0, n_val, drive)])
 
 
-def stand_in(target: str, cache_dir: Path, steps: int = 300) -> TargetNN:
+def stand_in(target: str, cache_dir: Path, steps: int = 150) -> TargetNN:
     """A trained stand-in NN for ``target`` (heading or distance)."""
     data = synthetic_rows(target)
     path = Path(cache_dir) / "approx-bench" / f"navnet-{content_hash(target, steps, 'v1')}.pt"

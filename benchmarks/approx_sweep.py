@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qaopt.app_spec import load
+from qaopt.app_spec import content_hash, load
 from qaopt.app_spec.errors import QaoptError
 from qaopt.approx import FinetuneRecipe, Knobs, TargetNN, build
 from qaopt.approx.latency import interleaved_ms, torch_threads
@@ -31,11 +31,23 @@ from qaopt.approx.quantize import INPUT, export_onnx, ort_session
 from approx_navnet import stand_in
 
 
+def spec_target(spec, name: str) -> TargetNN:
+    """The spec's NN. A dataset that carries the recipe it was generated from (CropFollow's
+    ``meta``) is keyed by that recipe, so that candidates fine-tuned on a GPU machine
+    (which renders its own copy of the images) are found in the cache here.
+    """
+    target = TargetNN.from_spec(name, spec.nns[name])
+    meta = getattr(target.data, "meta", None)
+    if meta is not None and not hasattr(target.data, "fingerprint"):
+        target.data.fingerprint = content_hash("dataset recipe", meta)
+    return target
+
+
 def targets(args: argparse.Namespace) -> tuple[list[TargetNN], str]:
     if not args.stand_in:
         try:
             spec = load(args.spec)
-            return [TargetNN.from_spec(name, spec.nns[name]) for name in args.nns], f"{args.spec} (trained reference NNs)"
+            return [spec_target(spec, name) for name in args.nns], f"{args.spec} (trained reference NNs)"
         except (QaoptError, ImportError, AttributeError) as exc:
             print(f"<!-- the spec's NNs did not load ({exc}); using the stand-in -->")
     return [stand_in(name, args.cache_dir) for name in args.nns], "stand-in NavNet-shaped NNs trained on synthetic row images (NOT the CropFollow NNs)"
@@ -74,6 +86,8 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=Path(".qaopt-cache"))
     ap.add_argument("--plot", type=Path, default=Path("docs/benchmarks/approx_sweep.png"))
     ap.add_argument("--stand-in", action="store_true")
+    ap.add_argument("--device", default="cpu", help="where fine-tuning runs (cuda on a GPU machine)")
+    ap.add_argument("--build-only", action="store_true", help="build and cache the candidates, print their errors, time nothing")
     args = ap.parse_args()
     ratios = [float(r) for r in args.ratios.split(",")]
     dtypes = args.dtypes.split(",")
@@ -93,15 +107,19 @@ def main() -> None:
             for dtype in ["fp32", *[d for d in dtypes if d != "fp32"]]:
                 knobs = Knobs(prune_ratio=ratio, prune_steps=args.prune_steps if ratio else 1, finetune_steps=args.finetune_steps if ratio else 0, dtype=dtype)
                 t0 = time.perf_counter()
-                cand = build(target, knobs, cache_dir=args.cache_dir, recipe=recipe, progress=lambda m, n=target.name, r=ratio, d=dtype: print(f"<!-- {n} {r} {d}: {m} -->", flush=True))
+                cand = build(target, knobs, cache_dir=args.cache_dir, recipe=recipe, device=args.device, progress=lambda m, n=target.name, r=ratio, d=dtype: print(f"<!-- {n} {r} {d}: {m} -->", flush=True))
                 built += time.perf_counter() - t0
                 cands[(ratio, dtype)] = cand
+        if args.build_only:
+            print(f"\n{target.name}: built in {built:.0f} s; " + ", ".join(f"{r:g}/{d}: {c.error:.4g}" for (r, d), c in cands.items()))
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             ms = {t: timings(cands, target.input_shape, t, args.repeat, Path(tmp)) for t in threads}
         results[target.name] = (cands, ms[threads[0]])
         report(target, ratios, dtypes, cands, ms)
         cache_check(target, cands[(ratios[-1], "int8" if "int8" in dtypes else "fp32")], args, recipe)
-    plot(results, ratios, threads[0], args.plot)
+    if results:
+        plot(results, ratios, threads[0], args.plot)
 
 
 def report(target: TargetNN, ratios: list[float], dtypes: list[str], cands: dict, ms_by_threads: dict) -> None:

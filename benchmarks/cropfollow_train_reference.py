@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from qaopt.simulators.cropfollow.reference import weights_path
-from qaopt.simulators.cropfollow.train import Recipe, save, train
+from qaopt.simulators.cropfollow.reference import train_reference
+from qaopt.simulators.cropfollow.train import Recipe
 
 
 def main() -> None:
@@ -35,9 +34,7 @@ def main() -> None:
     rows = []
     for backbone in args.backbone:
         for target in args.target:
-            recipe = Recipe(target=target, backbone=backbone)
-            if args.epochs is not None:
-                recipe = replace(recipe, epochs=args.epochs)
+            overrides = {} if args.epochs is None else {"epochs": args.epochs}
             last = [0.0]
 
             def progress(phase: str, done: int, total: int) -> None:
@@ -45,10 +42,8 @@ def main() -> None:
                     last[0] = time.monotonic()
                     print(f"  {backbone}-{target} {phase} {done}/{total}", file=sys.stderr, flush=True)
 
-            model, report = train(recipe, device=args.device, progress=progress)
-            path = (args.out / f"{backbone}-{target}") if args.out else weights_path(target, backbone, **({"epochs": args.epochs} if args.epochs else {}))
-            save(model, recipe, report, path)
-            rows.append(report)
+            out = args.out / f"{backbone}-{target}" if args.out else None
+            rows.append(train_reference(target, backbone, device=args.device, out=out, progress=progress, **overrides))
     print(f"torch {torch.__version__}, device {args.device}, {args.threads} CPU threads\n")
     print("| backbone | target | val L1 | train L1 (500 frames) | unit | train frames | val frames | epochs | seconds |")
     print("|---|---|---|---|---|---|---|---|---|")

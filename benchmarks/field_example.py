@@ -25,10 +25,11 @@ from pathlib import Path
 
 import yaml
 
-from qaopt.app_spec import content_hash, load
-from qaopt.calibrate import Calibration, ErrorRegion, Verdict, make_error_model
+from qaopt.app_spec import load
+from qaopt.calibrate import ErrorRegion, Verdict, make_error_model
 from qaopt.field import Run, Store
-from qaopt.field.evidence import apply_evidence, certified_fraction, collect_evidence, spec_calibration
+from qaopt.calibration import acceptance_of, calibrate_spec, goal_of, space_of
+from qaopt.field.evidence import apply_evidence, certified_fraction, collect_evidence
 from qaopt.field.plan import plan
 from qaopt.simulators.cropfollow import CropFollowEvaluator
 
@@ -96,23 +97,17 @@ def main(workdir: Path) -> None:
     spec_path = workdir / "cropfollow.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     spec = load(spec_path, check_entry_points=False)
-    space, test, goal = spec_calibration(spec)
+    space, test, goal = space_of(spec), acceptance_of(spec), goal_of(spec)
 
     print(f"# Field example ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)\n")
     t0 = time.perf_counter()
-    sim = CropFollowEvaluator(**spec.evaluator.simulator.params)
-    models = {nn: make_error_model(spec.calibration.error_model, spec.nns[nn].error_metric.kind) for nn in space.nns}
-    cal = Calibration(sim, space, models, goal, test, spec.output.cache_dir,
-                      content_hash(spec.evaluator.simulator, spec.calibration))
-    region = cal.search(spec.calibration.strategy, spec.calibration.budget)
-    region.save(workdir / "region.json")
+    region, _ = calibrate_spec(spec)  # as `qaopt calibrate`: writes region.json and region.png
     print(f"Simulator calibration: {region.evaluations} evaluations, {region.trials} runs, "
           f"{time.perf_counter() - t0:.0f} s; certified valid share of the error space "
           f"{certified_fraction(region):.1%}.\n")
-    region.plot(workdir / "region-simulator.png")
 
     print("## Plan before any field run\n")
-    sh(workdir, "field", "plan", "cropfollow.yaml", "--region", "region.json")
+    sh(workdir, "field", "plan", "cropfollow.yaml")
 
     with Store(spec.evaluator.field.store) as store:
         field = FieldStandIn(spec, store)
@@ -129,7 +124,7 @@ def main(workdir: Path) -> None:
         # The second robot's log arrives as a spreadsheet: a deployed configuration.
         cfg_point = {"heading": 7.0, "distance": 0.07}
         rows, seed = [], 2_000_000
-        injectors = {nn: models[nn].injector({"metric": v}) for nn, v in cfg_point.items()}
+        injectors = {nn: field.models[nn].injector({"metric": v}) for nn, v in cfg_point.items()}
         for i, rec in enumerate(field.robot.evaluate(injectors, list(range(seed, seed + 45)))):
             start = datetime(2026, 6, 3, 9, 0, tzinfo=timezone.utc) + timedelta(minutes=10 * i)
             rows.append({"application": "cropfollow", "started_at": start.isoformat(),
@@ -155,10 +150,10 @@ def main(workdir: Path) -> None:
     print("## Summary\n")
     sh(workdir, "field", "summary", "--spec", "cropfollow.yaml")
     print("## The field evidence changes the region\n")
-    sh(workdir, "field", "evidence", "cropfollow.yaml", "--region", "region.json", "-o", "region-field.json")
+    sh(workdir, "field", "evidence", "cropfollow.yaml", "-o", "region-field.json")
     ErrorRegion.load(workdir / "region-field.json").plot(workdir / "region-field.png")
     print("## Plan after the field days\n")
-    sh(workdir, "field", "plan", "cropfollow.yaml", "--region", "region.json")
+    sh(workdir, "field", "plan", "cropfollow.yaml")
     print(f"Total wall time {time.perf_counter() - t0:.0f} s.")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,10 @@ def export_onnx(module: Any, example_inputs: Sequence[Any], path: Path, backend:
     import torch
 
     try:
-        torch.onnx.export(module.eval(), torch_inputs(example_inputs, like=module), str(path), dynamo=False,
-                          opset_version=OPSET, input_names=[f"input{i}" for i in range(len(example_inputs))])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is chosen on purpose
+            torch.onnx.export(module.eval(), torch_inputs(example_inputs, like=module), str(path), dynamo=False,
+                              opset_version=OPSET, input_names=[f"input{i}" for i in range(len(example_inputs))])
     except Exception as exc:
         match = _NO_EXPORT.search(str(exc))
         if match:

@@ -31,13 +31,8 @@ def connect(rpc: RPCConfig) -> Any:
     from tvm import rpc as tvm_rpc
 
     if rpc.tracker:
-        host, port = rpc.tracker_address
-        return tvm_rpc.connect_tracker(host, port).request(rpc.key, session_timeout=int(rpc.timeout_s))
+        return tvm_rpc.connect_tracker(rpc.host, rpc.port).request(rpc.key, session_timeout=int(rpc.timeout_s))
     return tvm_rpc.connect(rpc.host, rpc.port, key=rpc.key or "", session_timeout=int(rpc.timeout_s))
-
-
-def describe_device(rpc: RPCConfig) -> str:
-    return f"tracker {rpc.tracker} key '{rpc.key}'" if rpc.tracker else f"{rpc.host}:{rpc.port}"
 
 
 class RemoteTvmCompiled:
@@ -88,7 +83,7 @@ class RemoteTvmCompiled:
                 if attempt < self.rpc.retries:
                     time.sleep(min(0.5 * 2 ** attempt, 5.0))
         raise MeasurementError(
-            f"remote device {describe_device(self.rpc)}: {what} failed {len(reasons)} times "
+            f"remote device {self.rpc}: {what} failed {len(reasons)} times "
             f"(1 try + {self.rpc.retries} retries); last reason: {reasons[-1]}")
 
     # -- Compiled protocol
@@ -100,7 +95,9 @@ class RemoteTvmCompiled:
             session, vm = self._vm()
             dev = session.cpu()
             args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in (inputs or self.example_inputs)]
-            return _flatten(vm["main"](*args))
+            vm.set_input("main", *args)  # tuples cannot cross RPC: fetch the outputs one by one
+            vm.invoke_stateful("main")
+            return _flatten(vm.get_outputs("main"))
 
         return self.with_retries(step, "running the model")
 
@@ -120,7 +117,7 @@ class RemoteTvmCompiled:
             number, *samples = self.with_retries(step, "timing the model")
         q1, _, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else (samples[0],) * 3
         return Measurement(
-            backend=self.backend, device=f"rpc {describe_device(self.rpc)}", median_ms=statistics.median(samples),
+            backend=self.backend, device=f"rpc {self.rpc}", median_ms=statistics.median(samples),
             spread_ms=q3 - q1, samples_ms=tuple(samples), number=int(number), threads=self.target.threads,
             peak_mem_bytes=None, energy_mj=None, energy_note="unavailable: no energy meter is read over TVM RPC",
             extra={"compile_s": round(self.compile_seconds, 3), "param_bytes": self.param_bytes})

@@ -18,28 +18,32 @@ from typing import Any, Literal
 from .errors import KernelsError
 
 Device = Literal["cpu", "cuda", "rpc"]
-BACKENDS = ("torch", "torch-compile", "tvm", "onnxruntime", "auto")
 
 
 @dataclass(frozen=True)
 class TuningBudget:
-    """How much auto-tuning one candidate may cost: trials and/or wall seconds (0 / None: no limit on that axis)."""
+    """How much auto-tuning one candidate may cost: trials and/or wall seconds (0 / None: no limit on that axis).
+
+    ``database`` is a folder for the shared tuning database (default: under the cache dir).
+    """
 
     trials: int = 0
     seconds: float | None = None
+    database: str | None = None
 
 
 @dataclass(frozen=True)
 class RPCConfig:
-    """A remote device reached over TVM RPC: directly at host:port, or through a tracker with a device key.
+    """A remote device reached over TVM RPC (the spec's ``target.rpc``).
 
-    ``tracker`` is ``"host:port"`` of a TVM RPC tracker; it needs ``key``.
+    ``tracker: false``: an RPC server listens at host:port. ``tracker: true``:
+    host:port is a TVM RPC tracker, asked for a device registered under ``key``.
     """
 
     host: str = "127.0.0.1"
     port: int = 9090
     key: str | None = None
-    tracker: str | None = None
+    tracker: bool = False
     retries: int = 2
     timeout_s: float = 60.0
 
@@ -47,12 +51,8 @@ class RPCConfig:
         if self.tracker and not self.key:
             raise KernelsError("target.rpc.key: a device key is required with target.rpc.tracker; set rpc.key")
 
-    @property
-    def tracker_address(self) -> tuple[str, int]:
-        host, _, port = (self.tracker or "").rpartition(":")
-        if not host or not port.isdigit():
-            raise KernelsError(f"target.rpc.tracker: '{self.tracker}' is not 'host:port'; write it as e.g. 127.0.0.1:9190")
-        return host, int(port)
+    def __str__(self) -> str:
+        return f"tracker {self.host}:{self.port} key '{self.key}'" if self.tracker else f"{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,6 @@ class Target:
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "rpc"):
             raise KernelsError(f"target.device: '{self.device}' is not one of cpu, cuda, rpc")
-        if self.backend not in BACKENDS:
-            raise KernelsError(f"target.backend: '{self.backend}' is not one of {', '.join(BACKENDS)}")
         if self.device == "rpc" and self.rpc is None:
             raise KernelsError("target.rpc: device 'rpc' needs rpc: {host, port} (or tracker and key)")
         if self.threads is not None and self.threads < 1:
@@ -103,7 +101,7 @@ class Target:
     def device_key(self) -> str:
         """Names the physical device, so that measurements on it can be serialized across processes."""
         if self.device == "rpc" and self.rpc is not None:
-            return f"rpc-{self.rpc.tracker or self.rpc.host + ':' + str(self.rpc.port)}-{self.rpc.key or ''}"
+            return f"rpc-{self.rpc.host}-{self.rpc.port}-{self.rpc.key or ''}"
         if self.device == "cuda":
             return f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', '0')}"
         return "cpu"

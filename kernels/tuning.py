@@ -38,22 +38,37 @@ from .measure import device_lock
 # --------------------------------------------------------------------------- builder and runner
 
 
+def _build_in_worker(mod: Any, target: Any) -> str:
+    """Build one tuning candidate and export it for the runner (runs in a builder worker process).
+
+    Unlike MetaSchedule's default build, it does not import ``tvm.s_tir.tensor_intrin``:
+    parsing those TVMScript intrinsics costs 10-50 s per fresh process here, and the
+    candidates arrive already tensorized, so the builder never needs them.
+    """
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_export
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return default_export(tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target))
+
+
 def _pooled_builder(max_workers: int, timeout_s: float) -> Any:
     """A MetaSchedule builder whose worker processes live across batches.
 
-    TVM's LocalBuilder starts a fresh process pool for every batch of candidates
-    (each re-imports TVM, seconds per batch here); this one keeps its pool and
-    recycles it every ``recycle`` batches (the upstream reason for restarting is a
-    slow leak in long-lived workers).
+    TVM's LocalBuilder starts a fresh process pool for every batch of candidates,
+    and each fresh worker re-imports TVM (3 s) and its tensor intrinsics (10-50 s
+    here): that, not compiling, was most of the ~6 s per trial in
+    ../shared/STACK.md. This builder keeps its pool, skips the intrinsics, and
+    recycles the pool every ``recycle`` batches (upstream restarts it because
+    long-lived workers leak slowly).
     """
-    from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
-    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
-    from tvm.s_tir.meta_schedule.builder import local_builder as lb
     from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
     @derived_object
     class PooledBuilder(PyBuilder):
-        recycle = 20
+        recycle = 50
 
         def __init__(self) -> None:
             super().__init__()
@@ -62,14 +77,13 @@ def _pooled_builder(max_workers: int, timeout_s: float) -> Any:
 
         def build(self, build_inputs: list[Any]) -> list[Any]:
             if self._pool is None or self._batches >= self.recycle:
-                if self._pool is not None:
-                    self._pool.shutdown()
+                self.close()
                 self._pool = PopenPoolExecutor(max_workers=max_workers, timeout=timeout_s)
                 self._batches = 0
             self._batches += 1
-            args = [(None, None, b.mod, b.target, lb._serialize_params(b.params)) for b in build_inputs]
             results = []
-            for r in self._pool.map_with_error_catching(lambda x: lb._worker_func(*x), args):
+            for r in self._pool.map_with_error_catching(lambda b: _build_in_worker(*b),
+                                                        [(b.mod, b.target) for b in build_inputs]):
                 if r.status == StatusKind.COMPLETE:
                     results.append(BuilderResult(r.value, None))
                 elif r.status == StatusKind.TIMEOUT:
@@ -122,8 +136,7 @@ def rpc_runner(rpc: Any, device_key: str) -> Any:
     if not rpc.tracker:
         raise BuildError("target.rpc.tracker: tuning on a remote device needs a TVM RPC tracker (and rpc.key); "
                          "set target.rpc.tracker, or set target.tuning.trials to 0 to measure untuned")
-    host, port = rpc.tracker_address
-    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=rpc.key,
+    config = ms.runner.RPCConfig(tracker_host=rpc.host, tracker_port=rpc.port, tracker_key=rpc.key,
                                  session_timeout_sec=int(rpc.timeout_s))
     return _locked_runner(device_key, ms.runner.RPCRunner(
         rpc_config=config, evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)))
@@ -147,9 +160,10 @@ class TuningDatabase:
         self.lock = FileLock(str(path / "tuning.lock"))
 
     @classmethod
-    def for_target(cls, target: Any, cache_dir: str | Path | None) -> TuningDatabase:
-        root = Path(cache_dir or os.environ.get("QAOPT_CACHE_DIR") or ".qaopt-cache")
-        return cls(root / "tvm-tuning" / content_hash(str(target)), target)
+    def for_target(cls, target: Any, cache_dir: str | Path | None, database: str | Path | None = None) -> TuningDatabase:
+        """``database`` (the spec's ``target.tuning.database``) names a folder shared beyond this cache."""
+        root = Path(database) if database else Path(cache_dir or os.environ.get("QAOPT_CACHE_DIR") or ".qaopt-cache") / "tvm-tuning"
+        return cls(root / content_hash(str(target)), target)
 
     def open(self) -> Any:
         from tvm.s_tir import meta_schedule as ms
@@ -238,6 +252,22 @@ def cpu_peak_gflops(threads: int | None = None) -> float:
     return cores * ghz * lanes * 2
 
 
+def stop_reason(latencies_ms: list[float], min_gain: float) -> str:
+    """Survey tuning's early stop: why to stop after these rounds' whole-model latencies ('' to go on).
+
+    Stops when the best latency improved by less than ``min_gain`` over the last
+    two rounds. Needs three rounds, so the first round (which replaces TVM's
+    default schedules and always gains a lot) is never the reference.
+    """
+    best = [min(latencies_ms[: i + 1]) for i in range(len(latencies_ms))]
+    if len(best) < 3:
+        return ""
+    gain = (best[-3] - best[-1]) / best[-3]
+    if gain < min_gain:
+        return f"early stop: rounds {len(best) - 1}-{len(best)} improved {gain:.1%} < {min_gain:.0%}"
+    return ""
+
+
 class SurveyTuner:
     """Tunes one candidate's cold tasks in rounds into the shared database (see the module docstring).
 
@@ -322,10 +352,9 @@ class SurveyTuner:
                 report.trials += n
                 report.tuning_s += time.perf_counter() - start
                 report.rounds.append(Round(report.trials, round(report.tuning_s, 2), evaluate(db)))
-                best = [min(r.latency_ms for r in report.rounds[: i + 1]) for i in range(len(report.rounds))]
-                if len(best) >= 3 and (best[-3] - best[-1]) / best[-3] < self.min_gain:
-                    report.stopped = (f"early stop: rounds {len(best) - 1}-{len(best)} improved "
-                                      f"{(best[-3] - best[-1]) / best[-3]:.1%} < {self.min_gain:.0%}")
+                reason = stop_reason([r.latency_ms for r in report.rounds], self.min_gain)
+                if reason:
+                    report.stopped = reason
                     return
                 if not trials and seconds is None:
                     report.stopped = "one round (no budget given)"

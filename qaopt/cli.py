@@ -15,7 +15,7 @@ import typer
 
 from qaopt import __version__
 from qaopt.app_spec.errors import QaoptError
-from qaopt.commands import approx, calibrate, field, optimize, validate
+from qaopt.commands import approx, calibrate, field, optimize, train, validate
 
 app = typer.Typer(
     name="qaopt",
@@ -49,6 +49,7 @@ app.add_typer(field.app, name="field")
 app.add_typer(approx.app, name="approx")
 app.command("calibrate")(calibrate.calibrate)
 app.command("optimize")(optimize.optimize)
+app.command("train")(train.train)
 
 
 def main(argv: list[str] | None = None) -> None:

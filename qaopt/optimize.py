@@ -56,7 +56,7 @@ def optimize(
     if trials is not None:
         prof = prof.model_copy(update={"trials": trials})
     console = console or Console(stderr=True)
-    run_dir = Path(out) if out is not None else Path(spec.output.dir)
+    run_dir = (Path(out) if out is not None else Path(spec.output.dir)).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = cache_dir_of(spec)
     stages: dict[str, float] = {}

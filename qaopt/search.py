@@ -17,6 +17,7 @@ Two studies run over the same space and share every cached candidate:
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 import optuna
+import sqlalchemy.exc
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
@@ -61,19 +63,24 @@ def open_storage(url: str) -> RDBStorage:
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs["connect_args"] = {"timeout": 60}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(
-                url,
-                engine_kwargs=engine_kwargs,
-                heartbeat_interval=HEARTBEAT_S,
-                grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
-            )
-    except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this storage"
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise OptimizeError(f"search.storage: cannot open {_redact(url)}: {reason}") from None
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=HEARTBEAT_S,
+                    grace_period=GRACE_S,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                )
+        except sqlalchemy.exc.IntegrityError:
+            # Two workers creating the tables of a new database at once: the loser retries.
+            time.sleep(1.0 + attempt)
+        except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this storage"
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OptimizeError(f"search.storage: cannot open {_redact(url)}: {reason}") from None
+    raise OptimizeError(f"search.storage: cannot create the tables of {_redact(url)}: other workers keep conflicting")
 
 
 def _redact(url: str) -> str:
@@ -255,13 +262,12 @@ def run_study(
     optuna.logging.set_verbosity(logging.WARNING)
     name = f"{ctx.spec.app.name}-{ctx.spec.content_hash()}-{mode}"
     sampler = optuna.samplers.TPESampler(seed=ctx.spec.search.seed, multivariate=True, constant_liar=True)
-    study = optuna.create_study(
-        study_name=name,
-        storage=storage,
-        sampler=sampler,
-        directions=["minimize"] * len(ctx.spec.search.objectives),
-        load_if_exists=True,
-    )
+    directions = ["minimize"] * len(ctx.spec.search.objectives)
+    try:
+        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, directions=directions,
+                                    load_if_exists=True)
+    except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     # The reference configuration (nothing approximated) is always the first trial of both studies.
     params: dict[str, Any] = {}
     for nn, k in reference_knobs.items():

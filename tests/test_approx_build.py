@@ -246,3 +246,32 @@ def test_kept_channels_round_to_the_nearest_multiple(channels, ratio, kept):
 def trained_tiny_navnet() -> nn.Module:
     """Entry point for spec-driven tests (deterministic, so its cache key is stable)."""
     return train_base(stripe_data())
+
+
+class LazyFrames:
+    """An image set that may not be loaded whole (like a memory-mapped dataset): indexing only."""
+
+    def __init__(self, array: np.ndarray):
+        self._array, self.shape = array, array.shape
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, idx):
+        return self._array[idx].copy()
+
+    def __array__(self, *args, **kwargs):
+        raise AssertionError("the whole image set was materialised")
+
+
+def test_array_like_image_sets_are_never_loaded_whole(tiny_nn, cache):
+    d = tiny_nn.data
+    lazy = SimpleNamespace(
+        x_train=LazyFrames(d.x_train), y_train=d.y_train, x_val=LazyFrames(d.x_val), y_val=d.y_val, val_sequences=d.val_sequences
+    )
+    target = TargetNN("heading", tiny_nn.model, lazy, SHAPE)
+    assert target.fingerprint == tiny_nn.fingerprint
+    cand = build(target, Knobs(prune_ratio=0.5, finetune_steps=5, dtype="int8"), cache_dir=cache, recipe=FAST)
+    assert cand.error > 0
+    lazy.fingerprint = "data-v1"
+    assert TargetNN("heading", tiny_nn.model, lazy, SHAPE).fingerprint != target.fingerprint

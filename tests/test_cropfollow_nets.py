@@ -39,7 +39,7 @@ def test_shapes_and_units(backbone):
 
 
 def test_bad_target_or_backbone():
-    with pytest.raises(ValueError, match="target"):
+    with pytest.raises(ValueError, match="'target'"):
         NavNet("speed")
-    with pytest.raises(ValueError, match="backbone"):
+    with pytest.raises(ValueError, match="'backbone'"):
         NavNet("heading", "vgg")

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from qaopt.calibrate import AcceptanceTest, Axis, ErrorRegion, ErrorSpace, Observation, Verdict
 from qaopt.cli import app, main
 from qaopt.field import Run, Store
+from qaopt.field.plan import plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -121,3 +122,17 @@ def test_plan_refuses_a_region_of_other_axes(tmp_path):
     other = ErrorRegion(ErrorSpace([Axis("heading", 30.0)]), AcceptanceTest()).save(tmp_path / "o.json")
     code, _ = qaopt("field", "plan", str(spec), "--region", str(other))
     assert code == 2
+
+
+def test_plan_finds_the_region_where_calibrate_writes_it(tmp_path):
+    spec = _spec(tmp_path)
+    code, out = qaopt("field", "plan", str(spec))
+    assert code == 0 and "no region at" in out and "using the field evidence alone" in out
+    calibrated = _region(tmp_path)
+    (tmp_path / "runs" / "cropfollow").mkdir(parents=True)
+    default = tmp_path / "runs" / "cropfollow" / "region.json"  # the spec's output.dir
+    calibrated.rename(default)
+    code, out = qaopt("field", "plan", str(spec), "--top", "1")
+    assert code == 0 and "no region at" not in out
+    best = plan(ErrorRegion.load(default), top=1)[0].candidate.errors
+    assert ", ".join(f"{k}={v:.4g}" for k, v in best.items()) in out

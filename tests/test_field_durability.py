@@ -28,16 +28,21 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_logging_at_once_lose_nothing(tmp_path):
-    db, go = tmp_path / "shared.db", tmp_path / "go"  # the store does not exist yet: both create it
-    runs, events = 3, 40
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(db), name, str(runs), str(events), str(go)],
-                              stderr=subprocess.PIPE, text=True) for name in ("robot", "laptop")]
+def _race(store: str, names: tuple[str, ...], runs: int, events: int, go) -> None:
+    """Start one WRITER process per name, release them at once, wait for all to succeed."""
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, store, name, str(runs), str(events), str(go)],
+                              stderr=subprocess.PIPE, text=True) for name in names]
     time.sleep(0.5)
     go.touch()
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
+
+
+def test_two_processes_logging_at_once_lose_nothing(tmp_path):
+    db = tmp_path / "shared.db"  # the store does not exist yet: both writers create it
+    runs, events = 3, 40
+    _race(str(db), ("robot", "laptop"), runs, events, tmp_path / "go")
     recs = Store(db).runs()
     assert sorted(r.id for r in recs) == sorted(f"{n}-{r}" for n in ("robot", "laptop") for r in range(runs))
     for rec in recs:
@@ -120,14 +125,7 @@ def test_two_processes_on_postgres(tmp_path):
     url = os.environ.get("QAOPT_TEST_POSTGRES_URL")
     if not url:
         pytest.skip("set QAOPT_TEST_POSTGRES_URL (e.g. postgresql://postgres@localhost/qaopt_test)")
-    go = tmp_path / "go"
     tag = f"pg{os.getpid()}"
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, f"{tag}{name}", "2", "20", str(go)],
-                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
-    time.sleep(0.5)
-    go.touch()
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    _race(url, (f"{tag}a", f"{tag}b"), 2, 20, tmp_path / "go")
     recs = Store(url).runs(ids=[f"{tag}{n}-{r}" for n in "ab" for r in range(2)])
     assert len(recs) == 4 and all(len(r.events) == 20 and r.status == "complete" for r in recs)

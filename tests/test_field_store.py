@@ -176,3 +176,11 @@ def test_postgres_store_round_trip():
         assert conn.execute(text("SELECT count(*) FROM field_schema_versions")).scalar() >= 1
     store.close()
 
+
+
+def test_bad_configuration_is_refused_before_the_run_starts(tmp_path):
+    with pytest.raises(ValueError, match="nn_errors.heading"):
+        Run(tmp_path / "f.db", "app", config={"nn_errors": {"heading": -1.0}})
+    with pytest.raises(ValueError, match="soil|extra|crop"):
+        Run(tmp_path / "f.db", "app", conditions={"crop": ["not", "a", "string"]})
+    assert not (tmp_path / "f.db").exists()  # nothing was written

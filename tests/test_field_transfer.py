@@ -113,11 +113,14 @@ def test_json_export_round_trips_into_another_store(tmp_path, fmt):
     assert {r.status for r in dst.runs()} == {"complete", "aborted", "incomplete"}
 
 
-def test_json_lines_are_named(tmp_path):
-    src = _sample_store(tmp_path)
+def _exported(store: Store) -> list[dict]:
     buf = io.StringIO()
-    write_records(src.runs(), buf, "json")
-    records = json.loads(buf.getvalue())
+    write_records(store.runs(), buf, "json")
+    return json.loads(buf.getvalue())
+
+
+def test_json_lines_are_named(tmp_path):
+    records = _exported(_sample_store(tmp_path))
     records[2]["distance_m"] = "far"
     f = tmp_path / "runs.json"
     f.write_text("[\n" + ",\n".join(json.dumps(r, indent=1) for r in records) + "\n]\n")
@@ -133,9 +136,7 @@ def test_json_lines_are_named(tmp_path):
 
 def test_changed_run_with_same_id_is_refused(tmp_path):
     src = _sample_store(tmp_path)
-    buf = io.StringIO()
-    write_records(src.runs(), buf, "json")
-    records = json.loads(buf.getvalue())
+    records = _exported(src)
     records[0]["notes"] = "edited afterwards"
     f = tmp_path / "edited.json"
     f.write_text(json.dumps(records))

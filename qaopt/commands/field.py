@@ -200,27 +200,37 @@ def summary(
 
 
 def _spec_region(spec_path: Path, region_path: Path | None, store: str | None, console: Console):
-    """The spec, its calibrated region (or an empty one) and the field evidence folded into it."""
+    """The spec, its calibrated region (or an empty one) and the field evidence folded into it.
+
+    The region defaults to ``<output.dir>/region.json``, where ``qaopt calibrate`` writes it.
+    """
     from qaopt.app_spec import load
     from qaopt.calibrate import ErrorRegion
-    from qaopt.field.evidence import apply_evidence, collect_evidence, spec_calibration
+    from qaopt.calibration import acceptance_of, space_of
+    from qaopt.field.evidence import apply_evidence, spec_evidence
 
     spec = load(spec_path, check_entry_points=False)
-    space, test, goal = spec_calibration(spec)
+    space = space_of(spec)
+    default = Path(spec.output.dir) / "region.json"
+    if region_path is None and default.exists():
+        region_path = default
     if region_path is not None:
         region = ErrorRegion.load(region_path)
         if region.space.names != space.names:
             raise FieldError(f"{region_path}: region axes {list(region.space.names)} differ from "
                              f"{spec_path}'s calibration.space {list(space.names)}; calibrate again")
     else:
-        console.print("no --region given: planning from field evidence alone (no simulator calibration)")
-        region = ErrorRegion(space, test)
+        console.print(f"no region at {default} (run `qaopt calibrate {spec_path}`, or pass --region): "
+                      "using the field evidence alone", markup=False)
+        region = ErrorRegion(space, acceptance_of(spec))
     before = ErrorRegion(region.space, region.acceptance, list(region.observations), region.metrics, region.info)
     records = []
     if store or spec.evaluator.field is not None:
         with open_store(store, spec_path) as st:
             records = st.runs(application=spec.app.name)
-    found = collect_evidence(records, region.space, goal)
+            found = spec_evidence(spec, st)
+    else:
+        found = spec_evidence(spec)
     changes = apply_evidence(region, found.evidence)
     return spec, before, region, records, found, changes
 
@@ -229,7 +239,7 @@ def _point(errors: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:.4g}" for k, v in errors.items())
 
 
-RegionOpt = typer.Option(None, "--region", help="The calibrated region (JSON saved by calibration).")
+RegionOpt = typer.Option(None, "--region", help="The calibrated region (default: <output.dir>/region.json).")
 
 
 @app.command("evidence")

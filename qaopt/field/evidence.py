@@ -21,21 +21,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qaopt.app_spec import AppSpec
-from qaopt.calibrate import AcceptanceTest, Axis, Evidence, ErrorRegion, ErrorSpace, QoSGoal
+from qaopt.calibrate import Evidence, ErrorRegion, ErrorSpace, QoSGoal
 from qaopt.calibrate.region import SIMULATOR
+from qaopt.calibration import goal_of, space_of
 
 from .errors import FieldError
 from .records import COLLISION, INTERVENTION, RunRecord
+from .store import Store
 
 FIELD_SOURCE = "field"
-
-
-def spec_calibration(spec: AppSpec) -> tuple[ErrorSpace, AcceptanceTest, QoSGoal]:
-    """The error space, acceptance test and QoS goal a spec calibrates with."""
-    space = ErrorSpace(Axis(a.nn, a.max, a.component, a.min) for a in spec.calibration.space)
-    acc = spec.qos.acceptance
-    test = AcceptanceTest(acc.max_failure_rate, acc.confidence, acc.min_trials, acc.max_trials)
-    return space, test, QoSGoal(spec.qos.metric, spec.qos.max, spec.qos.min)
 
 
 def run_metrics(rec: RunRecord) -> dict[str, float] | None:
@@ -103,6 +97,17 @@ def collect_evidence(records: Iterable[RunRecord], space: ErrorSpace, goal: QoSG
         out.evidence.append(Evidence(dict(zip(space.names, key)), passes, len(runs) - passes, source,
                                      note=f"{len(runs)} field run(s)"))
     return out
+
+
+def spec_evidence(spec: AppSpec, store: Store | None = None) -> FieldEvidence:
+    """The field evidence for a spec's calibration: its application's runs in its field
+    store (``evaluator.field.store``, or ``store``); none when it has no store."""
+    if store is None:
+        if spec.evaluator.field is None:
+            return FieldEvidence()
+        with Store(spec.evaluator.field.store) as own:
+            return spec_evidence(spec, own)
+    return collect_evidence(store.runs(application=spec.app.name), space_of(spec), goal_of(spec))
 
 
 @dataclass(frozen=True)

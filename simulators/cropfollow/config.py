@@ -17,9 +17,20 @@ from typing import Any, Literal
 from .errors import CropFollowParamError
 
 
+NN_NAMES = ("heading", "distance")
+"""CropFollow's perception NNs, in the order of the evaluator's ground-truth rows."""
+BACKBONES = ("compact", "resnet18")
+
+
 def _require(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise CropFollowParamError(param, message)
+
+
+def check_nn(target: str, backbone: str = "compact") -> None:
+    """Reject an unknown NN target or backbone, naming the argument."""
+    _require(target in NN_NAMES, "target", f"{target!r} is not a CropFollow NN; use 'heading' or 'distance'")
+    _require(backbone in BACKBONES, "backbone", f"{backbone!r} is unknown; use 'compact' or 'resnet18'")
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ import numpy as np
 
 from qaopt.app_spec.hashing import content_hash
 
-from .config import SimConfig
+from .config import NN_NAMES, SimConfig, check_nn
 from .errors import CropFollowParamError
-from .evaluator import NN_NAMES, Batch, FrameSource, run_batch, to_chw_float
+from .evaluator import Batch, FrameSource, run_batch, to_chw_float
 from .field import Field
 from .render import Renderer, Scene, draw_style
 
@@ -96,6 +96,12 @@ class ReferenceDataset:
     """Index arrays into the validation set, one per drive, in time order."""
     path: Path
     meta: dict[str, Any]
+    """The recipe that generated the frames (what their cache key hashes)."""
+
+    @property
+    def fingerprint(self) -> str:
+        """Content hash of the recipe and target: identifies the data without hashing 0.8 GB of frames."""
+        return content_hash(self.meta, self.target)
 
 
 def _pose_grid(rng: np.random.Generator, n: int, config: SimConfig) -> np.ndarray:
@@ -147,11 +153,6 @@ def _val_drives(config: SimConfig, seed: int, n_drives: int, frames: int) -> tup
     return images.reshape(-1, *images.shape[2:]), labels.reshape(-1, 2)
 
 
-def _check_target(target: str) -> None:
-    if target not in NN_NAMES:
-        raise CropFollowParamError("target", f"{target!r} is not a CropFollow NN; use 'heading' or 'distance'")
-
-
 def dataset_recipe(n_train: int = 3000, val_drives: int = 16, val_frames_per_drive: int = 40, seed: int = 0, **params: Any) -> dict[str, Any]:
     """Everything that determines the frames (its content hash names them on disk)."""
     for name, value, low in (("n_train", n_train, 1), ("val_drives", val_drives, 1), ("val_frames_per_drive", val_frames_per_drive, 2)):
@@ -182,7 +183,7 @@ def reference_dataset(
     ``progress``, if given, is called as ``progress(done_frames, total_frames)``.
     Both targets share the frames.
     """
-    _check_target(target)
+    check_nn(target)
     recipe = dataset_recipe(**recipe)
     config = SimConfig.from_params(**_sim_params(recipe["config"]))
     n_train, val_drives, val_frames_per_drive, seed = (recipe[k] for k in ("n_train", "val_drives", "val_frames_per_drive", "seed"))

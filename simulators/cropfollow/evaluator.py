@@ -10,19 +10,19 @@ the check of real approximated NNs), and one compiled kernel call advances them 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import dynamics as dyn
-from .config import SimConfig
+from .config import NN_NAMES, SimConfig
 from .control import build_control
 from .errors import CropFollowParamError, PerceptionError
 from .field import N_CURVATURE_MODES, Field
-from .render import Renderer, Scene, draw_style
+from .render import Renderer, Scene, episode_style
 
-NN_NAMES = ("heading", "distance")
 
 Estimator = Callable[[int, "Batch"], tuple[np.ndarray, np.ndarray]]
 """``(step, batch) -> (heading_deg, distance_ratio)`` estimates, each shape (B,)."""
@@ -179,15 +179,16 @@ class CropFollowEvaluator:
 
         return run_batch(self.config, seeds, estimate).records(self.config)
 
-    def evaluate_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int]) -> list[dict[str, float]]:
+    def evaluate_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], render_threads: int = 1) -> list[dict[str, float]]:
         """Perception-in-the-loop runs: each NN in ``nns`` reads the rendered camera frames.
 
         All unfinished episodes' frames of a step go to each NN as one batch; NNs left out
         are perfect. Each episode keeps one randomised look (light, colours) drawn from its seed.
+        ``render_threads`` > 1 renders a step's frames in parallel (the renderer releases the GIL).
         """
         self._check_names(list(nns), "evaluate_perception")
         seeds = check_seeds(seeds)
-        camera = FrameSource(self.config, seeds)
+        camera = FrameSource(self.config, seeds, render_threads)
         plan = [(name, nns.get(name)) for name in self.nn_names]
 
         def estimate(step: int, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
@@ -209,19 +210,28 @@ class CropFollowEvaluator:
 class FrameSource:
     """Renders the camera frames of a batch of episodes (one scene and look per seed)."""
 
-    def __init__(self, config: SimConfig, seeds: Sequence[int]):
+    def __init__(self, config: SimConfig, seeds: Sequence[int], threads: int = 1):
+        if threads < 1:
+            raise CropFollowParamError("render_threads", f"{threads} must be >= 1")
         self.config = config
+        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self.renderer = Renderer(config.camera, config.field)
         self.scenes = [Scene.build(Field.from_seed(config.field, s), config.run_length_m + 1.0) for s in seeds]
-        self.styles = [draw_style(np.random.default_rng([s, 0x5717E])) for s in seeds]
+        self.styles = [episode_style(s) for s in seeds]
         cam = config.camera
         self._buffer = np.empty((len(seeds), cam.height_px, cam.width_px, 3), dtype=np.uint8)
 
     def frames_uint8(self, batch: Batch, which: np.ndarray, step: int) -> np.ndarray:
         """uint8 (len(which), H, W, 3) frames of episodes ``which`` now (a reused buffer: copy to keep)."""
-        for k, b in enumerate(which):
-            st = batch.state[b]
+        def draw(k: int) -> None:
+            b, st = which[k], batch.state[which[k]]
             self.renderer.render(self.scenes[b], st[dyn.S], st[dyn.EY], st[dyn.EPSI], self.styles[b], frame=step, out=self._buffer[k])
+
+        if self._pool is None:
+            for k in range(len(which)):
+                draw(k)
+        else:
+            list(self._pool.map(draw, range(len(which))))
         return self._buffer[: len(which)]
 
     def frames(self, batch: Batch, which: np.ndarray, step: int) -> np.ndarray:

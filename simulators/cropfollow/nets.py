@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .errors import CropFollowParamError
+from .config import check_nn
 
 Backbone = Literal["compact", "resnet18"]
 Target = Literal["heading", "distance"]
@@ -102,16 +102,10 @@ class NavNet(nn.Module):
 
     def __init__(self, target: Target = "heading", backbone: Backbone = "compact", dropout: float = 0.3, width: int = 16):
         super().__init__()
-        if target not in TARGET_SCALE:
-            raise CropFollowParamError("target", f"{target!r} is not a CropFollow NN; use 'heading' or 'distance'")
+        check_nn(target, backbone)
         self.target = target
         self.backbone_name = backbone
-        if backbone == "compact":
-            self.backbone: nn.Module = CompactBackbone(width)
-        elif backbone == "resnet18":
-            self.backbone = ResNet18Backbone()
-        else:
-            raise CropFollowParamError("backbone", f"{backbone!r} is unknown; use 'compact' or 'resnet18'")
+        self.backbone: nn.Module = CompactBackbone(width) if backbone == "compact" else ResNet18Backbone()
         self.head = nn.Sequential(
             nn.Conv2d(self.backbone.out_channels, 512, 3, padding=1, bias=False),
             nn.BatchNorm2d(512),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .dataset import default_cache_dir
-from .evaluator import NN_NAMES
+from .config import check_nn
 from .errors import CropFollowParamError
 
 PACKAGE_WEIGHTS = Path(__file__).parent / "weights"
@@ -48,18 +48,36 @@ def reference_nn(
     """
     from . import train as training
 
-    if target not in NN_NAMES:
-        raise CropFollowParamError("target", f"{target!r} is not a CropFollow NN; use 'heading' or 'distance'")
-    if backbone not in ("compact", "resnet18"):
-        raise CropFollowParamError("backbone", f"{backbone!r} is unknown; use 'compact' or 'resnet18'")
-    r = training.Recipe(target=target, backbone=backbone, **recipe)
+    check_nn(target, backbone)
     path = weights_path(target, backbone, cache_dir, **recipe)
     if not path.with_suffix(".json").exists():
         if not train_if_missing:
             raise CropFollowParamError("backbone", f"no trained weights for {backbone}-{target} at {path}; train them with `qaopt train --target {target} --backbone {backbone}`")
-        model, report = training.train(r, device=device, cache_dir=cache_dir)
-        training.save(model, r, report, path)
-    return training.load(path, r)
+        train_reference(target, backbone, cache_dir=cache_dir, device=device, **recipe)
+    return training.load(path, training.Recipe(target=target, backbone=backbone, **recipe))
+
+
+def train_reference(
+    target: str,
+    backbone: str = "compact",
+    cache_dir: str | Path | None = None,
+    device: str = "cpu",
+    out: Path | None = None,
+    progress: Any = None,
+    **recipe: Any,
+):
+    """Train a reference NN from scratch and store it (at ``out``, else where :func:`reference_nn` looks).
+
+    Returns the validation :class:`.train.Report`. ``progress(phase, done, total)`` follows
+    the data generation and the training steps.
+    """
+    from . import train as training
+
+    check_nn(target, backbone)
+    r = training.Recipe(target=target, backbone=backbone, **recipe)
+    model, report = training.train(r, device=device, progress=progress, cache_dir=cache_dir)
+    training.save(model, r, report, out if out is not None else weights_path(target, backbone, cache_dir, **recipe))
+    return report
 
 
 def reference_report(target: str = "heading", backbone: str = "compact", cache_dir: str | Path | None = None, **recipe: Any) -> dict[str, Any] | None:

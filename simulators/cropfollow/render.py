@@ -85,6 +85,11 @@ def draw_style(rng: np.random.Generator) -> Style:
     )
 
 
+def episode_style(seed: int) -> Style:
+    """The look of episode ``seed``, kept for the whole run (the sensor noise still changes per frame)."""
+    return draw_style(np.random.default_rng([seed, 0x5717E]))
+
+
 class Pose(NamedTuple):
     """The camera's world pose: position (m), yaw (rad), and the local row geometry."""
 
@@ -268,7 +273,7 @@ def _line3d(img, zbuf, pose, focal, h_cam, pitch, x0, y0, z0, x1, y1, z1, rad0, 
     _segment(img, zbuf, u0, v0, d0, r0, u1, v1, d1, r1, cr, cg, cb, sh0, sh1)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _render(out, ground, ray, pose, st, spacing, focal, h_cam, pitch, pxy, height, spread, pseed, pyaw, stalk_r, frame):
     h, w = out.shape[0], out.shape[1]
     key = np.uint64(st.key)

@@ -1,0 +1,205 @@
+"""Backends behind one protocol: same outputs as eager torch, measurements, exports, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qaopt import kernels
+from qaopt.kernels import Protocol, Target
+
+QUICK = Protocol(warmup=2, repeats=5, min_sample_ms=2.0, max_seconds=5.0)
+
+
+class TinyNet(torch.nn.Module):
+    """conv-BN-ReLU, strided conv, GAP, FC: the shape of a NavNet, small enough for tests."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, width, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(width)
+        self.c2 = torch.nn.Conv2d(width, 2 * width, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(2 * width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.c1(x)))
+        x = torch.relu(self.c2(x))
+        return self.fc(x.mean((2, 3)))
+
+
+class Bessel(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.bessel_j0(x)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    model = TinyNet().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    x = torch.rand(1, 3, 32, 32)
+    with torch.no_grad():
+        return model, x, model(x).numpy()
+
+
+@pytest.mark.parametrize("name", ["torch", "torch[channels_last]", "onnxruntime", "tvm"])
+def test_backend_matches_eager_and_measures(tiny, name, tmp_path):
+    model, x, ref = tiny
+    compiled = kernels.get_backend(name, cache_dir=tmp_path).compile(model, [x], Target(threads=1))
+    np.testing.assert_allclose(compiled.run()[0], ref, rtol=1e-4, atol=1e-5)
+    other = torch.rand(1, 3, 32, 32)
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled.run(other.numpy())[0], model(other).numpy(), rtol=1e-4, atol=1e-5)
+    m = compiled.measure(QUICK)
+    assert m.backend == name and m.device == "cpu" and m.threads == 1
+    assert 2 <= len(m.samples_ms) <= 5 and min(m.samples_ms) <= m.median_ms <= max(m.samples_ms)
+    assert m.spread_ms >= 0 and m.number >= 1
+    assert m.peak_mem_bytes is not None and m.peak_mem_bytes >= model.c2.weight.numel() * 4  # BN may be folded
+    assert (m.energy_mj is None) == m.energy_note.startswith("unavailable")
+
+
+def test_exports_are_loadable(tiny, tmp_path):
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    model, x, ref = tiny
+    onnx_path = kernels.get_backend("onnxruntime").compile(model, [x], Target(threads=1)).export(tmp_path / "m")
+    out = ort.InferenceSession(str(onnx_path)).run(None, {"input0": x.numpy()})[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+    so = kernels.get_backend("tvm", cache_dir=tmp_path).compile(model, [x], Target(threads=1)).export(tmp_path / "m")
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(so)), tvm.cpu())
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x.numpy()))[0].numpy(), ref, rtol=1e-4, atol=1e-5)
+
+    pt2 = kernels.get_backend("torch").compile(model, [x], Target(threads=1)).export(tmp_path / "m")
+    with torch.no_grad():
+        np.testing.assert_allclose(torch.export.load(pt2).module()(x).numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_int8_qdq_onnx_runs_on_onnxruntime_and_tvm(tiny, tmp_path):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from qaopt.kernels.onnxruntime_backend import export_onnx
+
+    model, x, ref = tiny
+    fp32 = export_onnx(model, [x], tmp_path / "fp32.onnx")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"input0": torch.rand(1, 3, 32, 32).numpy()} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    int8 = tmp_path / "int8.onnx"
+    quantize_static(str(fp32), str(int8), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    for name in ("onnxruntime", "tvm"):
+        out = kernels.get_backend(name, cache_dir=tmp_path).compile(int8, [x], Target(threads=1)).run()[0]
+        assert np.abs(out - ref).max() < 0.1 * (np.abs(ref).max() + 0.1), name  # int8 error, not garbage
+
+
+def test_unsupported_operator_is_named_with_backend(tmp_path):
+    x = torch.rand(1, 8)
+    with pytest.raises(kernels.UnsupportedOperatorError) as err:
+        kernels.get_backend("tvm", cache_dir=tmp_path).compile(Bessel(), [x], Target())
+    assert "special_bessel_j0" in str(err.value) and "'tvm'" in str(err.value)
+    assert err.value.backend == "tvm"
+    with pytest.raises(kernels.UnsupportedOperatorError) as err:
+        kernels.get_backend("onnxruntime").compile(Bessel(), [x], Target())
+    assert "bessel_j0" in str(err.value) and "'onnxruntime'" in str(err.value)
+
+
+def test_onnxruntime_names_an_operator_without_kernel(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Conv", ["x", "w"], ["y"])
+    # A valid graph (float64 Conv) for which ONNX Runtime's CPU provider has no kernel.
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 1, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)],
+                              [helper.make_tensor("w", TensorProto.DOUBLE, [1, 1, 1, 1], [1.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "f64_conv.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(kernels.UnsupportedOperatorError) as err:
+        kernels.get_backend("onnxruntime").compile(path, [np.zeros((1, 1, 4, 4))], Target())
+    assert "Conv" in str(err.value) and "onnxruntime" in str(err.value)
+
+
+def test_backends_refuse_what_they_cannot_run(tiny, tmp_path):
+    model, x, _ = tiny
+    with pytest.raises(kernels.UnsupportedModelError, match="'torch'.*onnxruntime"):
+        kernels.get_backend("torch").compile(tmp_path / "m.onnx", [x], Target())
+    with pytest.raises(kernels.UnsupportedModelError, match="bf16"):
+        kernels.get_backend("onnxruntime").compile(TinyNet().to(torch.bfloat16), [x], Target())
+    assert "no CUDA" in kernels.get_backend("tvm").unavailable_reason(Target(device="cuda"))
+    with pytest.raises(kernels.BackendUnavailableError, match="no backend named 'tensorrt'"):
+        kernels.get_backend("tensorrt")
+
+
+def test_bf16_candidate_runs_on_torch(tiny):
+    model, x, ref = tiny
+    bf16 = TinyNet().eval()
+    bf16.load_state_dict(model.state_dict())
+    out = kernels.get_backend("torch").compile(bf16.to(torch.bfloat16), [x], Target(threads=1)).run()[0]
+    assert out.dtype == np.float32 and np.abs(out - ref).max() < 0.05 * (np.abs(ref).max() + 0.1)
+
+
+class _Crashing:
+    """A backend whose compiled model dies while being measured."""
+
+    name = "crashing"
+
+    def unavailable_reason(self, target):
+        return None
+
+    def compile(self, model, example_inputs, target):
+        compiled = kernels.get_backend("torch").compile(model, example_inputs, target)
+        compiled.fn = lambda *a: (_ for _ in ()).throw(RuntimeError("segfault in vendor kernel"))
+        return compiled
+
+
+class _FailingBuild:
+    name = "failing"
+
+    def unavailable_reason(self, target):
+        return None
+
+    def compile(self, model, example_inputs, target):
+        raise kernels.BuildError("failing: LLVM ran out of registers")
+
+
+def test_auto_keeps_fastest_and_records_failures(tiny, tmp_path, monkeypatch):
+    kernels.register_backend("crashing", lambda **_: _Crashing())
+    kernels.register_backend("failing", lambda **_: _FailingBuild())
+    model, x, ref = tiny
+    auto = kernels.AutoBackend(["crashing", "torch", "failing", "onnxruntime", "tvm"], cache_dir=tmp_path, protocol=QUICK)
+    compiled = auto.compile(model, [x], Target(threads=1))
+    by = {o.backend: o for o in compiled.outcomes}
+    assert "segfault in vendor kernel" in by["crashing"].error and by["crashing"].measurement is None
+    assert "out of registers" in by["failing"].error
+    measured = {n: o.measurement.median_ms for n, o in by.items() if o.measurement}
+    assert set(measured) == {"torch", "onnxruntime", "tvm"}
+    assert compiled.backend == min(measured, key=measured.get)
+    np.testing.assert_allclose(compiled.run()[0], ref, rtol=1e-4, atol=1e-5)
+    assert [r["backend"] for r in compiled.table()] == ["crashing", "torch", "failing", "onnxruntime", "tvm"]
+
+    # A resumed run reads the recorded outcomes instead of measuring again.
+    calls = []
+    monkeypatch.setattr(kernels.auto.AutoBackend, "_try", lambda *a, **k: calls.append(a) or (None, None))
+    again = auto.compile(model, [x], Target(threads=1))
+    assert calls == [] and again.backend == compiled.backend
+    assert [o.to_dict() for o in again.outcomes] == [o.to_dict() for o in compiled.outcomes]
+
+
+def test_auto_fails_clearly_when_nothing_runs(tiny):
+    model, x, _ = tiny
+    kernels.register_backend("failing", lambda **_: _FailingBuild())
+    with pytest.raises(kernels.KernelsError, match="no backend could run the model: failing: failing: LLVM"):
+        kernels.AutoBackend(["failing"]).compile(model, [x], Target())

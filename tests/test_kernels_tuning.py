@@ -1,0 +1,78 @@
+"""Tuning-cost control: survey tuning into a shared database, hits for repeated shapes, cold candidates skipped.
+
+One tiny model and a handful of trials: the point is the bookkeeping, not the speed-up
+(benchmarks/kernels_tuning.py measures that on the CropFollow NNs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qaopt import kernels
+from qaopt.kernels import Target, TuningBudget
+from qaopt.kernels.tuning import stop_reason
+
+
+def _net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1),
+                               torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 1)).eval()
+
+
+X = torch.rand(1, 3, 24, 24)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """One survey-tuned build (16 trials), shared by the tests of this module."""
+    cache = tmp_path_factory.mktemp("tuning-cache")
+    model = _net(0)
+    target = Target(backend="tvm", threads=1, tuning=TuningBudget(trials=16))
+    return cache, model, kernels.compile(model, [X], target, cache_dir=cache)
+
+
+def test_survey_tuning_reports_rounds_and_never_returns_the_slower_build(tuned):
+    _, model, compiled = tuned
+    report = compiled.tuning
+    assert report.tasks >= 2 and report.hits == 0
+    assert report.trials <= 16 and report.rounds and report.rounds[-1].trials == report.trials
+    assert report.tuning_s > 0 and report.flops > 2 * 24 * 24 * 8 * 27
+    assert report.stopped
+    if report.chosen == "tuned":
+        assert min(r.latency_ms for r in report.rounds) < report.untuned_ms
+    else:
+        assert min(r.latency_ms for r in report.rounds) >= report.untuned_ms
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled.run()[0], model(X).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_shared_database_serves_a_candidate_with_the_same_shapes(tuned):
+    cache, _, _ = tuned
+    other = _net(1)  # other weights, same layer shapes: nothing left to tune
+    compiled = kernels.compile(other, [X], Target(backend="tvm", threads=1, tuning=TuningBudget(trials=16)), cache_dir=cache)
+    report = compiled.tuning
+    assert report.hits == report.tasks and report.hit_rate == 1.0
+    assert report.trials == 0 and report.stopped == "all tasks found in the shared database"
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled.run()[0], other(X).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_cold_candidate_is_measured_untuned(tmp_path):
+    big = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU()).eval()
+    compiled = kernels.compile(big, [X], Target(backend="tvm", threads=1, tuning=TuningBudget(trials=16)),
+                               cache_dir=tmp_path, incumbent_ms=1e-6)  # no kernel can beat a nanosecond
+    report = compiled.tuning
+    assert report.stopped.startswith("skipped: even at") and report.trials == 0 and report.chosen == "untuned"
+    assert not (tmp_path / "tvm-tuning").exists() or not any((tmp_path / "tvm-tuning").rglob("*.log"))
+
+
+@pytest.mark.parametrize("latencies, stops", [
+    ([10.0, 9.0], False),             # too few rounds to judge
+    ([10.0, 5.0, 4.0], False),        # 20 % over the last two rounds: go on
+    ([10.0, 5.0, 4.9, 4.85], True),   # 3 % over the last two rounds: stop
+    ([10.0, 5.0, 6.0, 5.1], True),    # noise, no new best
+])
+def test_survey_early_stop_rule(latencies, stops):
+    assert bool(stop_reason(latencies, min_gain=0.05)) is stops

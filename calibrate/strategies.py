@@ -17,7 +17,8 @@ strategy never has to know where a label came from.
 - ``active``: uncertainty sampling with a scikit-learn probabilistic classifier
   kept monotone by the certain labels (:class:`MonotoneProbability`); it queries
   unresolved points that the classifier is unsure of and that would resolve much
-  volume, and its region is the classifier's, not only the certified staircase.
+  volume whatever the answer; its region is the classifier's, not only the
+  certified staircase.
 """
 
 from __future__ import annotations
@@ -158,7 +159,11 @@ class MonotoneSearch(_Told):
 
 
 class ActiveSearch(MonotoneSearch):
-    """Uncertainty sampling: maximize ``p(1-p)`` times the volume the answer is expected to resolve.
+    """Uncertainty sampling: maximize ``p(1-p)`` times the volume the answer resolves in the worse case.
+
+    The volume factor keeps it from asking uncertain points that would settle
+    almost nothing (points at the edge of the space); taking the worse outcome
+    rather than the expectation keeps a wrong classifier from steering it there.
 
     ``estimator`` is any scikit-learn classifier with ``predict_proba`` (default: a
     Gaussian-process classifier). Until both outcomes are seen it queries as
@@ -178,7 +183,7 @@ class ActiveSearch(MonotoneSearch):
         model = MonotoneProbability(self.estimator, seed=self.seed).fit(np.asarray(self.X), np.asarray(self.y))
         p = model.predict_proba(C)
         below, above = self._volumes(U, C)
-        return C[int(np.argmax(p * (1 - p) * (p * below + (1 - p) * above)))]
+        return C[int(np.argmax(p * (1 - p) * np.minimum(below, above)))]
 
 
 STRATEGIES = {"bisect": BisectSearch, "monotone": MonotoneSearch, "active": ActiveSearch}

@@ -55,6 +55,7 @@ class RemoteTvmCompiled:
         self._lib_path = Path(self._tmp.name) / "model.so"
         export_library(executable, self._lib_path, target)
         self._session: Any = None
+        self.failures: list[str] = []  # every lost session, with its reason (retried ones too)
 
     # -- session handling
 
@@ -79,9 +80,10 @@ class RemoteTvmCompiled:
                 return step()
             except Exception as exc:  # TVMError, ConnectionError, OSError: all mean the device is gone
                 reasons.append(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
+                self.failures.append(f"{what}: {reasons[-1]}")
                 self._drop()
                 if attempt < self.rpc.retries:
-                    time.sleep(min(0.5 * 2 ** attempt, 5.0))
+                    time.sleep(min(2.0 ** attempt, 8.0))  # 1, 2, 4, 8, 8 s: time for a board or server to restart
         raise MeasurementError(
             f"remote device {self.rpc}: {what} failed {len(reasons)} times "
             f"(1 try + {self.rpc.retries} retries); last reason: {reasons[-1]}")
@@ -120,7 +122,8 @@ class RemoteTvmCompiled:
             backend=self.backend, device=f"rpc {self.rpc}", median_ms=statistics.median(samples),
             spread_ms=q3 - q1, samples_ms=tuple(samples), number=int(number), threads=self.target.threads,
             peak_mem_bytes=None, energy_mj=None, energy_note="unavailable: no energy meter is read over TVM RPC",
-            extra={"compile_s": round(self.compile_seconds, 3), "param_bytes": self.param_bytes})
+            extra={"compile_s": round(self.compile_seconds, 3), "param_bytes": self.param_bytes,
+                   "rpc_failures": list(self.failures)})
 
     def export(self, path: str | Path) -> Path:
         path = Path(path).with_suffix(".so")

@@ -21,6 +21,7 @@ Why each piece (../shared/STACK.md: one MetaSchedule trial costs seconds on 2 co
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -285,6 +286,9 @@ class SurveyTuner:
         self.attainable = attainable
         self.builder_workers = builder_workers or max(1, (os.cpu_count() or 2))
         self.seed = seed
+        console = logging.getLogger("tvm.s_tir.meta_schedule")
+        if console.level == logging.NOTSET:  # only warnings on the console; each task's full log goes to <db>/logs
+            console.setLevel(logging.WARNING)
 
     def tune(self, prepared: Any, evaluate: Callable[[Any], float], *, trials: int, seconds: float | None,
              runner: Any, threads: int | None, incumbent_ms: float | None = None) -> tuple[TuningReport, Any]:
@@ -339,12 +343,13 @@ class SurveyTuner:
                     report.stopped = f"time budget of {seconds:.0f} s spent"
                     return
                 n = min(per_round, budget_left)
+                per_task = min(self.round_trials_per_task, max(1, n // len(cold)))  # every cold task gets a share
                 contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                     cold, work_dir, seed=self.seed + len(report.rounds), num_threads=1)
                 start = time.perf_counter()
                 try:
                     ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=n,
-                                  max_trials_per_task=n, num_trials_per_iter=self.round_trials_per_task,
+                                  max_trials_per_task=n, num_trials_per_iter=per_task,
                                   builder=builder, runner=runner, database=db, cost_model=cost_model,
                                   task_scheduler="round-robin")
                 except Exception as exc:

@@ -15,7 +15,7 @@ import typer
 
 from qaopt import __version__
 from qaopt.app_spec.errors import QaoptError
-from qaopt.commands import approx, calibrate, field, optimize, train, validate
+from qaopt.commands import approx, calibrate, field, kernels, optimize, train, validate
 
 app = typer.Typer(
     name="qaopt",
@@ -47,6 +47,7 @@ def _options(
 app.command("validate")(validate.validate)
 app.add_typer(field.app, name="field")
 app.add_typer(approx.app, name="approx")
+app.add_typer(kernels.app, name="kernels")
 app.command("calibrate")(calibrate.calibrate)
 app.command("optimize")(optimize.optimize)
 app.command("train")(train.train)

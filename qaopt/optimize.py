@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import replace
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,7 +75,10 @@ def optimize(
 
     target = kernels.Target.from_spec(spec.target)
     if prof.tuning_trials is not None:
-        target = target.__class__(**{**target.__dict__, "tuning": kernels.TuningBudget(prof.tuning_trials, target.tuning.seconds)})
+        tuning = target.tuning
+        capped = (kernels.TuningBudget(0, None, tuning.database) if prof.tuning_trials == 0 else
+                  kernels.TuningBudget(min(tuning.trials or prof.tuning_trials, prof.tuning_trials), tuning.seconds, tuning.database))
+        target = replace(target, tuning=capped)
     ctx = SearchContext(
         spec=spec,
         profile=prof,
@@ -226,7 +230,7 @@ def _export(config: Configuration, ctx: SearchContext, folder: Path) -> dict[str
             module = candidate.module.float().eval()
             torch.onnx.export(module, (ctx.nns[name].example_input,), files["onnx"], dynamo=False, opset_version=17,
                               input_names=["input"], output_names=["output"])
-        target = ctx.target.__class__(**{**ctx.target.__dict__, "backend": choice.backend.split("[")[0]})
+        target = replace(ctx.target, backend=choice.backend.split("[")[0])
         measured = compile_nn(candidate, ctx.examples()[name], target, ctx.cache_dir)
         files["compiled"] = measured.compiled.export(nn_dir / f"compiled-{choice.backend}")
         out[name] = files

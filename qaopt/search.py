@@ -205,7 +205,8 @@ class Objective:
         ratio, steps, importance, round_to, per_layer = 0.0, 1, "l1", 8, {}
         if space.pruning is not None:
             lo, hi = space.pruning.ratio
-            ratio = trial.suggest_float(f"{name}.prune_ratio", lo, hi, step=PRUNE_STEP) if hi > lo else lo
+            # Rounded: 0.35000000000000003 and 0.35 must share one cached candidate.
+            ratio = round(trial.suggest_float(f"{name}.prune_ratio", lo, hi, step=PRUNE_STEP), 6) if hi > lo else lo
             steps = min(space.pruning.steps, profile.max_prune_steps or space.pruning.steps)
             importance, round_to, per_layer = space.pruning.importance, space.pruning.round_to, space.pruning.per_layer
         dtypes = space.quantization.dtypes if space.quantization is not None else ["fp32"]

@@ -7,6 +7,7 @@ dropping off the network looks like to the host.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,21 +37,32 @@ class RPCServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(self.port),
              "--port-end", str(self.port + 1)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TVM_NUM_THREADS": "1"})
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TVM_NUM_THREADS": "1"},
+            start_new_session=True)  # its own process group: the server forks a child per session
+        from tvm import rpc
+
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                rpc.connect("127.0.0.1", self.port, session_timeout=5)  # a real handshake, not just an open port
                 return self
-            except OSError:
-                time.sleep(0.2)
+            except Exception:
+                time.sleep(0.3)
         raise RuntimeError("TVM RPC server did not start")
 
     def kill(self) -> None:
+        """Kill the server and its session processes, as when a board loses power."""
         if self.proc is not None:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
             self.proc = None
+            deadline = time.time() + 10
+            while time.time() < deadline:  # until no process of it still holds the port
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    time.sleep(0.2)
+                except OSError:
+                    return
 
 
 @pytest.fixture
@@ -85,7 +97,7 @@ def test_build_on_host_run_and_time_on_remote(server, model, tmp_path):
 
 def test_disconnect_mid_measurement_is_retried_on_the_restarted_device(server, model, tmp_path):
     net, x, ref = model
-    compiled = kernels.compile(net, [x], _target(server.port, retries=3), cache_dir=tmp_path)
+    compiled = kernels.compile(net, [x], _target(server.port, retries=5), cache_dir=tmp_path)
     compiled.run()  # session open, library on the device
 
     def drop_and_come_back():
@@ -99,6 +111,8 @@ def test_disconnect_mid_measurement_is_retried_on_the_restarted_device(server, m
     m = compiled.measure(Protocol(warmup=1, repeats=40, min_sample_ms=50))  # ~2 s: the kill lands inside it
     t.join()
     assert len(m.samples_ms) == 40 and m.median_ms > 0
+    assert m.extra["rpc_failures"], "the server was killed mid-measurement: at least one retry must show"
+    assert all(f.startswith("timing the model: ") for f in m.extra["rpc_failures"])
 
 
 def test_device_that_stays_away_fails_cleanly_with_its_reason(server, model, tmp_path):

@@ -26,10 +26,10 @@ X = torch.rand(1, 3, 24, 24)
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """One survey-tuned build (16 trials), shared by the tests of this module."""
+    """One survey-tuned build (8 trials), shared by the tests of this module."""
     cache = tmp_path_factory.mktemp("tuning-cache")
     model = _net(0)
-    target = Target(backend="tvm", threads=1, tuning=TuningBudget(trials=16))
+    target = Target(backend="tvm", threads=1, tuning=TuningBudget(trials=8))
     return cache, model, kernels.compile(model, [X], target, cache_dir=cache)
 
 
@@ -37,7 +37,7 @@ def test_survey_tuning_reports_rounds_and_never_returns_the_slower_build(tuned):
     _, model, compiled = tuned
     report = compiled.tuning
     assert report.tasks >= 2 and report.hits == 0
-    assert report.trials <= 16 and report.rounds and report.rounds[-1].trials == report.trials
+    assert report.trials <= 8 and report.rounds and report.rounds[-1].trials == report.trials
     assert report.tuning_s > 0 and report.flops > 2 * 24 * 24 * 8 * 27
     assert report.stopped
     if report.chosen == "tuned":
@@ -51,7 +51,7 @@ def test_survey_tuning_reports_rounds_and_never_returns_the_slower_build(tuned):
 def test_shared_database_serves_a_candidate_with_the_same_shapes(tuned):
     cache, _, _ = tuned
     other = _net(1)  # other weights, same layer shapes: nothing left to tune
-    compiled = kernels.compile(other, [X], Target(backend="tvm", threads=1, tuning=TuningBudget(trials=16)), cache_dir=cache)
+    compiled = kernels.compile(other, [X], Target(backend="tvm", threads=1, tuning=TuningBudget(trials=8)), cache_dir=cache)
     report = compiled.tuning
     assert report.hits == report.tasks and report.hit_rate == 1.0
     assert report.trials == 0 and report.stopped == "all tasks found in the shared database"
@@ -61,7 +61,7 @@ def test_shared_database_serves_a_candidate_with_the_same_shapes(tuned):
 
 def test_cold_candidate_is_measured_untuned(tmp_path):
     big = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU()).eval()
-    compiled = kernels.compile(big, [X], Target(backend="tvm", threads=1, tuning=TuningBudget(trials=16)),
+    compiled = kernels.compile(big, [X], Target(backend="tvm", threads=1, tuning=TuningBudget(trials=8)),
                                cache_dir=tmp_path, incumbent_ms=1e-6)  # no kernel can beat a nanosecond
     report = compiled.tuning
     assert report.stopped.startswith("skipped: even at") and report.trials == 0 and report.chosen == "untuned"

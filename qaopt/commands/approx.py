@@ -96,13 +96,14 @@ def _table(nn: str, knob: str, rows: list) -> Table:
     """error ratio, speedup and ideal speedup (MACs ratio) are relative to the first row."""
     first, ref = rows[0][1], rows[0][2]
     table = Table(title=f"{nn}: {knob} sweep (ratios vs the first row)")
-    for col in (knob, "dtype", f"{first.metric} error", "x err", "MMACs", "kparams", "ms", "runtime", "speedup", "ideal", "built"):
+    show_dtype = knob != "dtype"
+    for col in (knob, *(["dtype"] if show_dtype else []), f"{first.metric} error", "x err", "MMACs", "kparams", "ms", "runtime", "speedup", "ideal", "built"):
         table.add_column(col, justify="right")
     for point, cand, timing in rows:
         runtime, ms = timing if timing else ("-", None)
         table.add_row(
             str(point),
-            cand.dtype,
+            *([cand.dtype] if show_dtype else []),
             f"{cand.error:.4g}",
             f"{cand.error / first.error:.2f}" if first.error else "-",
             f"{cand.macs / 1e6:.1f}",

@@ -39,8 +39,8 @@ class Knobs(BaseModel):
     (output heads are never pruned); ``per_layer`` overrides it for named modules
     (a container's ratio applies to the layers inside it). Pruning runs in
     ``prune_steps`` equal steps with ``finetune_steps`` optimizer steps of
-    distillation spread evenly after them, as ApproxCaliper did, because removing
-    half the channels at once loses more than the fine-tuning can win back.
+    distillation spread evenly after them, as ApproxCaliper did (up to 40 steps):
+    each step removes less at once, so each round of fine-tuning has less to win back.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -47,7 +47,9 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, nn_name: st
     return path
 
 
-class _Batches(CalibrationDataReader):
+class CalibrationBatches(CalibrationDataReader):
+    """Feeds calibration images to ONNX Runtime's quantizer in batches."""
+
     def __init__(self, x: np.ndarray, batch: int):
         self.chunks = iter([np.ascontiguousarray(x[i : i + batch], dtype=np.float32) for i in range(0, len(x), batch)])
 
@@ -65,7 +67,7 @@ def quantize_int8(model: nn.Module, example: torch.Tensor, calibration: np.ndarr
         quantize_static(
             str(prepared),
             str(path),
-            _Batches(calibration, batch=8),
+            CalibrationBatches(calibration, batch=8),
             quant_format=QuantFormat.QDQ,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,

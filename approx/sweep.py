@@ -12,7 +12,7 @@ from .build import Progress, build
 from .candidate import Candidate
 from .errors import ApproxError
 from .finetune import FinetuneRecipe
-from .knobs import Knobs
+from .knobs import Knobs, check_backend
 from .target import TargetNN
 
 
@@ -46,11 +46,14 @@ def sweep(
     *,
     cache_dir: str | Path | None = None,
     recipe: FinetuneRecipe = FinetuneRecipe(),
+    backend: str | None = None,
     progress: Progress = lambda message: None,
 ) -> Iterator[Candidate]:
     """Yield the candidate for each value of ``knob`` (every value is checked before the first build)."""
     settings = [vary(base, knob, v, nn_.name) for v in values]
     for knobs in settings:
         knobs.check(nn_.name)
+        if backend is not None:
+            check_backend(nn_.name, knobs, backend)
     for knobs in settings:
-        yield build(nn_, knobs, cache_dir=cache_dir, recipe=recipe, progress=progress)
+        yield build(nn_, knobs, cache_dir=cache_dir, recipe=recipe, backend=backend, progress=progress)

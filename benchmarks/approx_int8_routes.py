@@ -29,7 +29,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from torch import nn
 
 from qaopt.approx.latency import interleaved_ms, torch_threads
-from qaopt.approx.quantize import INPUT, _Batches, export_onnx, ort_session
+from qaopt.approx.quantize import INPUT, CalibrationBatches, export_onnx, ort_session
 
 from approx_navnet import navnet_like
 
@@ -91,7 +91,7 @@ def onnx_routes(model: nn.Module, example: torch.Tensor, calib: np.ndarray, fold
         ("ONNX Runtime int8 QOperator, per-channel weights", QuantFormat.QOperator, True),
     ):
         path = folder / f"{fmt.name}-{per_channel}.onnx"
-        quantize_static(str(prepared), str(path), _Batches(calib, 8), quant_format=fmt,
+        quantize_static(str(prepared), str(path), CalibrationBatches(calib, 8), quant_format=fmt,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=per_channel)
         files[name] = path
     routes = {}

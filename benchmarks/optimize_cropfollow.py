@@ -14,7 +14,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from qaopt.optimize import optimize
+from qaopt import optimize
 
 SPEC = Path(__file__).resolve().parents[1] / "examples" / "cropfollow.yaml"
 

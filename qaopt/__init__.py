@@ -9,3 +9,15 @@ small computer without torch or TVM, so heavy modules are imported where used.
 """
 
 __version__ = "0.1.0"
+
+
+def optimize(spec, **overrides):
+    """Run the whole pipeline on ``spec`` (an :class:`~qaopt.app_spec.AppSpec` or a YAML path).
+
+    Returns a :class:`~qaopt.result.Result`, the content of ``result.json``; see
+    :func:`qaopt.optimizer.optimize` for the overrides (``profile``, ``out``, ``storage``,
+    ``trials``). Imported on call, so that ``import qaopt`` stays light.
+    """
+    from qaopt.optimizer import optimize as run
+
+    return run(spec, **overrides)

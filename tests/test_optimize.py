@@ -20,9 +20,9 @@ import yaml
 from optuna.trial import TrialState
 from rich.console import Console
 
-import qaopt.optimize as optimize_module
+import qaopt.optimizer as optimize_module
 import qaopt.search as search_module
-from qaopt.optimize import optimize
+from qaopt import optimize
 from qaopt.result import Result
 from qaopt.search import OptimizeError
 

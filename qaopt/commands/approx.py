@@ -79,7 +79,10 @@ def sweep(
         TextColumn("{task.description}"), console=console, transient=True,
     ) as bar:
         task = bar.add_task("", total=len(points), point="")
-        candidates = sweep_candidates(target, base, knob, points, cache_dir=cache_dir, progress=lambda m: bar.update(task, description=m))
+        candidates = sweep_candidates(
+            target, base, knob, points, cache_dir=cache_dir, backend=app_spec.target.backend,
+            progress=lambda m: bar.update(task, description=m),
+        )
         for point in points:
             bar.update(task, point=f"{knob}={point}", description="building")
             cand = next(candidates)

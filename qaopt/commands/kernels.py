@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -56,9 +57,9 @@ def bench(
             for o in outcomes:
                 m = o.measurement
                 best = " (kept)" if isinstance(compiled, kernels.AutoCompiled) and o.backend == compiled.backend else ""
-                table.add_row(name, o.backend + best, f"{m.median_ms:.2f}" if m else "-", f"{m.spread_ms:.2f}" if m else "-",
+                table.add_row(name, escape(o.backend) + best, f"{m.median_ms:.2f}" if m else "-", f"{m.spread_ms:.2f}" if m else "-",
                               f"{m.peak_mem_bytes / 2**20:.1f}" if m and m.peak_mem_bytes else "-",
-                              (o.error or "")[:120] or _tuning_note(o.tuning))
+                              escape((o.error or "")[:120] or _tuning_note(o.tuning)))
             progress.remove_task(task)
     console.print(table)
 

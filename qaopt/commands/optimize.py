@@ -25,7 +25,7 @@ def optimize(
     folder. Running it again resumes: finished calibrations, candidates, tunings and trials
     are reused.
     """
-    from qaopt.optimize import optimize as run
+    from qaopt.optimizer import optimize as run
 
     result = run(spec, profile=profile, out=out, storage=storage, trials=trials)
     s = result.speedups

@@ -27,6 +27,7 @@ from qaopt.app_spec import AppSpec, content_hash, load
 from qaopt.approx import Candidate, Knobs, TargetNN, build
 from qaopt.calibrate import ErrorRegion
 from qaopt.calibration import cache_dir_of, calibrate_spec, make_evaluator
+from qaopt.field.evidence import spec_evidence
 from qaopt.profiles import Profile, get_profile
 from qaopt.report import write_report
 from qaopt.result import Configuration, Result, Speedups, Validation
@@ -157,14 +158,21 @@ def optimize(
 
 
 def _region(spec: AppSpec, prof: Profile, run_dir: Path) -> ErrorRegion:
-    """This spec's region: loaded when ``region.json`` was made from the same calibration inputs."""
-    key = spec.content_hash("evaluator", "qos", "calibration", "nns")
+    """This spec's region: loaded when ``region.json`` was made from the same calibration inputs.
+
+    Field runs logged in the spec's field store are evidence that confirms or overturns
+    simulator verdicts; a new field run changes the key, so the region is recomputed
+    (from cached simulator runs, in seconds).
+    """
+    evidence = spec_evidence(spec).evidence
+    key = content_hash(spec.content_hash("evaluator", "qos", "calibration", "nns"), prof.calibration_budget,
+                       [(dict(e.errors), e.passes, e.failures, e.source) for e in evidence])
     path = run_dir / "region.json"
     if path.exists():
         region = ErrorRegion.load(path)
         if region.info.get("calibration_key") == key:
             return region
-    region, _ = calibrate_spec(spec, budget=prof.calibration_budget, out=run_dir)
+    region, _ = calibrate_spec(spec, budget=prof.calibration_budget, out=run_dir, evidence=evidence)
     region.info["calibration_key"] = key
     region.save(path)
     return region

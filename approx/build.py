@@ -24,7 +24,8 @@ from .cache import Store
 from .candidate import Candidate
 from .finetune import Distiller, FinetuneRecipe
 from .knobs import Knobs, check_backend
-from .pruning import prune
+from .lowrank import factorize
+from .pruning import output_heads, prune
 from .quantize import cast, ort_session, predict_onnx, predict_torch, quantize_int8
 from .target import TargetNN
 
@@ -129,19 +130,27 @@ def _float_model(
         model = copy.deepcopy(nn_.model).float().eval()
         d = nn_.data
         distiller = Distiller(d.x_train, d.y_train, lambda: _teacher_outputs(nn_, store), recipe, knobs.seed, device)
+        # The fine-tuning budget is shared evenly by the phases that damage the NN.
+        phases = (knobs.prune_steps if knobs.prunes else 0) + knobs.factorizes
+        total = knobs.finetune_steps
+        shares = iter([total * (i + 1) // max(phases, 1) - total * i // max(phases, 1) for i in range(max(phases, 1))])
         if knobs.prunes:
-            steps = knobs.prune_steps
-            per_step = [knobs.finetune_steps * (i + 1) // steps - knobs.finetune_steps * i // steps for i in range(steps)]
 
             def after_step(step: int) -> None:
-                progress(f"pruning step {step + 1}/{steps}: fine-tuning {per_step[step]} steps")
-                distiller.run(model, per_step[step])
+                steps = next(shares)
+                progress(f"pruning step {step + 1}/{knobs.prune_steps}: fine-tuning {steps} steps")
+                distiller.run(model, steps)
 
-            progress(f"pruning {knobs.prune_ratio:.0%} of channels in {steps} step(s)")
+            progress(f"pruning {knobs.prune_ratio:.0%} of channels in {knobs.prune_steps} step(s)")
             prune(model, nn_.example_input, knobs, nn_.name, after_step=after_step, taylor_loss=lambda: distiller.loss(model, distiller.batch()))
-        elif knobs.finetune_steps:
-            progress(f"fine-tuning {knobs.finetune_steps} steps")
-            distiller.run(model, knobs.finetune_steps)
+        if knobs.factorizes:
+            count = factorize(model, knobs.rank_ratio, knobs.round_to, keep=output_heads(model, nn_.example_input))
+            steps = next(shares)
+            progress(f"factorized {count} convolutions at rank ratio {knobs.rank_ratio}: fine-tuning {steps} steps")
+            distiller.run(model, steps)
+        if not phases and total:
+            progress(f"fine-tuning {total} steps")
+            distiller.run(model, total)
         with store.writing("float", key) as tmp:
             store.save_module(model, tmp)
         return key, model

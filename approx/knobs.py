@@ -41,6 +41,9 @@ class Knobs(BaseModel):
     ``prune_steps`` equal steps with ``finetune_steps`` optimizer steps of
     distillation spread evenly after them, as ApproxCaliper did (up to 40 steps):
     each step removes less at once, so each round of fine-tuning has less to win back.
+    ``rank_ratio`` below 1 then factorizes each k x k convolution into a rank-r pair
+    (r = ``rank_ratio`` of the full rank, rounded to ``round_to``; see
+    :mod:`qaopt.approx.lowrank`), followed by its own share of the fine-tuning.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -50,6 +53,7 @@ class Knobs(BaseModel):
     round_to: PositiveInt = 8
     prune_steps: PositiveInt = 1
     per_layer: dict[str, float] = Field(default_factory=dict)
+    rank_ratio: float = 1.0
     dtype: Dtype = "fp32"
     finetune_steps: NonNegativeInt = 0
     seed: int = 0
@@ -59,12 +63,20 @@ class Knobs(BaseModel):
         return self.prune_ratio > 0.0 or any(r > 0.0 for r in self.per_layer.values())
 
     @property
+    def factorizes(self) -> bool:
+        return self.rank_ratio < 1.0
+
+    @property
     def runnable_on(self) -> tuple[str, ...]:
         return RUNNABLE_ON[self.dtype]
 
     def identity(self) -> dict:
-        """The knobs as they determine a candidate: pruning settings count only when something is pruned."""
-        skip = set() if self.prunes else {"importance", "round_to", "prune_steps", "per_layer"}
+        """The knobs as they determine a candidate: a setting counts only when the step it tunes runs."""
+        skip = set() if self.prunes else {"importance", "prune_steps", "per_layer"}
+        if not self.factorizes:
+            skip.add("rank_ratio")
+            if not self.prunes:
+                skip.add("round_to")
         return self.model_dump(mode="json", exclude=skip)
 
     def float_part(self) -> dict:
@@ -78,6 +90,8 @@ class Knobs(BaseModel):
         for layer, ratio in self.per_layer.items():
             if not 0.0 <= ratio < 1.0:
                 raise ApproxError(nn, f"per_layer.{layer}", f"{ratio} is outside [0, 1)")
+        if not 0.0 < self.rank_ratio <= 1.0:
+            raise ApproxError(nn, "rank_ratio", f"{self.rank_ratio} is outside (0, 1]; 1 leaves the convolutions whole")
 
 
 def check_backend(nn: str, knobs: Knobs, backend: str) -> None:

@@ -99,7 +99,7 @@ def main() -> None:
     nns, source = targets(args)
     print(f"# approx sweep: pruning ratio x dtype — {source}\n")
     print(f"Pruning in {args.prune_steps} steps, {args.finetune_steps} distillation steps in all (batch {recipe.batch_size}, "
-          f"lr {recipe.lr}); int8 = ONNX Runtime static QDQ. Latency: batch 1, {args.threads} threads, median of "
+          f"lr {recipe.lr}); int8 = ONNX Runtime static QDQ. Latency: batch 1, threads {args.threads}, median of "
           f"~{args.repeat} runs per route in {args.rounds} interleaved rounds after warm-up.\n")
     results = {}
     for target in nns:

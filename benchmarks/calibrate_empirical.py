@@ -34,24 +34,34 @@ def main() -> None:
     spec = load(args.spec)
     residuals = {nn: reference_residuals(spec, nn, cache_dir_of(spec)) for nn in ("heading", "distance")}
 
-    print("| NN | drives x frames | L1 | bias/sigma | lag-1 autocorrelation | AR(1) correlation steps | bootstrap block |")
-    print("|---|---|---|---|---|---|---|")
+    print("| NN | drives x frames | L1 | std | max abs | bias/sigma | lag-1 autocorrelation | AR(1) correlation steps "
+          "| bootstrap block |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for nn, seqs in residuals.items():
         r = np.concatenate(seqs)
         lag1 = np.mean([np.corrcoef(s[:-1], s[1:])[0, 1] for s in seqs if len(s) > 2])
-        print(f"| {nn} | {len(seqs)} x {len(seqs[0])} | {error_metric('l1', r):.4g} | "
+        print(f"| {nn} | {len(seqs)} x {len(seqs[0])} | {error_metric('l1', r):.4g} | {r.std():.4g} | "
+              f"{np.abs(r).max():.3g} | "
               f"{Gaussian.fit(seqs).bias_ratio:.2f} | {lag1:.2f} | {AR1.fit(seqs).correlation_steps:.1f} | "
               f"{Empirical(seqs).block_length} |")
 
     U = qmc.Sobol(2, scramble=True, seed=0).random(4096)
-    print(f"\n| error model | evaluations | trials | certified share | predicted share | search s |\n|---|---|---|---|---|---|")
+    own = {nn: error_metric(spec.nns[nn].error_metric.kind, np.concatenate(seqs)) for nn, seqs in residuals.items()}
+    tiny = {nn: v / 15 for nn, v in own.items()}
+    print(f"\nVerdicts at the reference NNs' own L1 errors ({', '.join(f'{k}={v:.3g}' for k, v in own.items())}) "
+          f"and at 1/15 of them.\n")
+    print("| error model | evaluations | trials | certified share | predicted share | own errors | 1/15 of them | search s |")
+    print("|---|---|---|---|---|---|---|---|")
     for model in ("gaussian", "ar1", "empirical"):
         s = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"error_model": model})})
         cal = build_calibration(s, residuals=residuals)
         t0 = time.time()
         region = cal.search("monotone", args.budget)
+        seconds = time.time() - t0
+        at_own, at_tiny = (cal.evaluate(e) for e in (own, tiny))
         print(f"| {model} | {region.evaluations} | {region.trials} | {region.contains_unit(U).mean():.1%} | "
-              f"{region.contains_unit(U, 'predicted').mean():.1%} | {time.time() - t0:.0f} |")
+              f"{region.contains_unit(U, 'predicted').mean():.1%} | {at_own.verdict.value} ({at_own.failures}/{at_own.trials} failed) | "
+              f"{at_tiny.verdict.value} ({at_tiny.failures}/{at_tiny.trials} failed) | {seconds:.0f} |")
         region.plot(REPO / "docs" / "benchmarks" / f"calibrate_region_{model}.png")
 
 

@@ -23,8 +23,9 @@ def plot_region(region: ErrorRegion, path: str | Path, x: str | None = None, y: 
     """Colour P(valid) over axes ``x`` by ``y``, outline the certified region, mark the points.
 
     Other axes are held at ``fixed`` (default: their minimum, the slice with least
-    error elsewhere). Points are drawn at their projection: green dots valid, red
-    crosses invalid; stars are field evidence, ringed where it overturned the simulator.
+    error elsewhere). Points are drawn at their projection: green valid, red
+    invalid, orange borderline (undecided after the most runs); stars are field
+    evidence, and points the field overturned are ringed in blue.
     """
     names = region.space.names
     x = x or names[0]
@@ -68,7 +69,8 @@ def plot_region(region: ErrorRegion, path: str | Path, x: str | None = None, y: 
             px, py = p.errors[x], p.errors[y]
             sim_only = p.sources == ("simulator",)
             ax.scatter(px, py, marker="o" if sim_only else "*", s=30 if sim_only else 120,
-                       c="darkgreen" if p.valid else "darkred", edgecolors="k", linewidths=0.5, zorder=3)
+                       c="darkgreen" if p.valid else "orange" if p.borderline else "darkred",
+                       edgecolors="k", linewidths=0.5, zorder=3)
             if p.overturned:
                 ax.scatter(px, py, marker="o", s=160, facecolors="none", edgecolors="blue", zorder=3)
     ax.set_xlabel(x)

@@ -96,6 +96,7 @@ class LabelledPoint:
     valid: bool
     sources: tuple[str, ...]
     overturned: bool  # the field's verdict replaced the simulator's here
+    borderline: bool = False  # the simulator's test ran out of runs undecided (counted as not valid)
 
 
 class ErrorRegion:
@@ -138,7 +139,7 @@ class ErrorRegion:
         for ob in self.observations:
             key = tuple(np.round(self.space.to_unit(ob.errors), 9))
             groups.setdefault(key, []).append(ob)
-        points, sim_label, field_label = [], [], []
+        points, sim_label, field_label, borderline = [], [], [], []
         for key, obs in groups.items():
             sim = [o for o in obs if o.source == SIMULATOR and o.verdict is not Verdict.FAILED]
             fld = [o for o in obs if o.source != SIMULATOR]
@@ -150,6 +151,7 @@ class ErrorRegion:
             if s is None and f is None:
                 continue
             points.append((np.array(key), obs))
+            borderline.append(bool(sim) and sim[-1].verdict is Verdict.UNDECIDED)
             sim_label.append(s)
             field_label.append(f)
         labels = [f if f is not None else s for s, f in zip(sim_label, field_label)]
@@ -166,8 +168,9 @@ class ErrorRegion:
                 ):
                     labels[j], overturned[j] = field_label[i], True
         self._labelled = [
-            LabelledPoint(dict(obs[0].errors), self.space.to_unit(obs[0].errors), bool(lab), tuple(dict.fromkeys(o.source for o in obs)), ov)
-            for (x, obs), lab, ov in zip(points, labels, overturned)
+            LabelledPoint(dict(obs[0].errors), self.space.to_unit(obs[0].errors), bool(lab),
+                          tuple(dict.fromkeys(o.source for o in obs)), ov, b and not ov)
+            for (_, obs), lab, ov, b in zip(points, labels, overturned, borderline)
         ]
         return self._labelled
 

@@ -12,6 +12,7 @@ protocol (:mod:`.measure`), and exports its artifact for deployment.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol as TypingProtocol, runtime_checkable
@@ -78,8 +79,6 @@ class LocalCompiled(abc.ABC):
 
     def _threads(self) -> Any:
         """A context that applies the target's thread count while running (default: nothing to do)."""
-        import contextlib
-
         return contextlib.nullcontext()
 
     def _sync(self) -> Callable[[], None] | None:

@@ -159,17 +159,14 @@ def energy_meter(device: str) -> tuple[EnergyMeter | None, str]:
 
 
 class ResidentPeak:
-    """Peak growth of this process's resident set over a block (Linux: resets VmHWM through clear_refs)."""
+    """Peak growth of this process's resident set between start() and stop() (Linux: VmHWM reset via clear_refs)."""
 
-    def __enter__(self) -> ResidentPeak:
+    def start(self) -> None:
         self.supported = _reset_hwm()
         self.base = _status_kb("VmRSS")
-        self.peak_bytes: int | None = None
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self.supported:
-            self.peak_bytes = max(0, _status_kb("VmHWM") - self.base) * 1024
+    def stop(self) -> int | None:
+        return max(0, _status_kb("VmHWM") - self.base) * 1024 if self.supported else None
 
 
 def _reset_hwm() -> bool:
@@ -211,22 +208,15 @@ def measure_callable(
     """
     sync = sync or (lambda: None)
     meter, note = energy_meter(device)
+    resident = ResidentPeak()
     try:
         with device_lock(device_key):
-            if cuda_peak is not None:
-                reset, read = cuda_peak()
-                reset()
-                mem = None
-            else:
-                mem = ResidentPeak().__enter__()
+            reset, read = cuda_peak() if cuda_peak is not None else (resident.start, resident.stop)
+            reset()
             for _ in range(protocol.warmup):
                 call()
             sync()
-            if mem is not None:
-                mem.__exit__(None, None, None)
-                peak = mem.peak_bytes
-            else:
-                peak = read()
+            peak = read()
             number = _calls_per_sample(call, sync, protocol.min_sample_ms)
             deadline = time.perf_counter() + protocol.max_seconds
             samples: list[float] = []

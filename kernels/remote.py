@@ -52,8 +52,7 @@ class RemoteTvmCompiled:
         self.param_bytes = prepared.param_bytes
         self.compile_seconds = 0.0
         self._tmp = tempfile.TemporaryDirectory(prefix="qaopt-rpc-")
-        self._lib_path = Path(self._tmp.name) / "model.so"
-        export_library(executable, self._lib_path, target)
+        self._lib_path = export_library(executable, Path(self._tmp.name) / "model.so", target)
         self._session: Any = None
         self.failures: list[str] = []  # every lost session, with its reason (retried ones too)
 
@@ -126,6 +125,4 @@ class RemoteTvmCompiled:
                    "rpc_failures": list(self.failures)})
 
     def export(self, path: str | Path) -> Path:
-        path = Path(path).with_suffix(".so")
-        export_library(self.executable, path, self.target)
-        return path
+        return export_library(self.executable, Path(path), self.target)

@@ -273,18 +273,23 @@ class SurveyTuner:
     """Tunes one candidate's cold tasks in rounds into the shared database (see the module docstring).
 
     ``round_trials_per_task`` trials per cold task make one round; tuning stops
-    when two rounds together gain less than ``min_gain`` (relative latency). ``attainable`` is the share
+    when two rounds together gain less than ``min_gain`` (relative latency).
+    ``population`` is the evolutionary search's population (MetaSchedule's default
+    is 512): each round re-runs the search for every task, and with a handful of
+    trials per round a large population costs more than the trials it picks
+    (Felix's point: time to good code is what counts). ``attainable`` is the share
     of peak FLOP/s assumed for the optimistic bound that decides whether tuning
     can win at all.
     """
 
     def __init__(self, database: TuningDatabase, *, round_trials_per_task: int = 8, min_gain: float = 0.05,
-                 attainable: float = 0.6, builder_workers: int | None = None, seed: int = 0):
+                 attainable: float = 0.6, population: int = 64, builder_workers: int | None = None, seed: int = 0):
         self.database = database
         self.round_trials_per_task = round_trials_per_task
         self.min_gain = min_gain
         self.attainable = attainable
         self.builder_workers = builder_workers or max(1, (os.cpu_count() or 2))
+        self.population = population
         self.seed = seed
         console = logging.getLogger("tvm.s_tir.meta_schedule")
         if console.level == logging.NOTSET:  # only warnings on the console; each task's full log goes to <db>/logs
@@ -344,8 +349,10 @@ class SurveyTuner:
                     return
                 n = min(per_round, budget_left)
                 per_task = min(self.round_trials_per_task, max(1, n // len(cold)))  # every cold task gets a share
+                strategy = ms.search_strategy.EvolutionarySearch(
+                    population_size=self.population, init_min_unmeasured=max(8, self.population // 4), genetic_num_iters=2)
                 contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                    cold, work_dir, seed=self.seed + len(report.rounds), num_threads=1)
+                    cold, work_dir, strategy=strategy, seed=self.seed + len(report.rounds), num_threads=1)
                 start = time.perf_counter()
                 try:
                     ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=n,

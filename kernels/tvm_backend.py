@@ -192,19 +192,25 @@ class TvmCompiled(LocalCompiled):
         return lambda: main(*args)
 
     def export(self, path: str | Path) -> Path:
-        """The compiled library (.so), loadable with ``tvm.runtime.load_module`` on the target."""
-        path = Path(path).with_suffix(".so")
-        export_library(self.executable, path, self.target)
-        return path
+        """The compiled library (.so, loadable with ``tvm.runtime.load_module``; .tar of objects for a cross target)."""
+        return export_library(self.executable, Path(path), self.target)
 
 
-def export_library(executable: Any, path: Path, target: Target) -> None:
+def export_library(executable: Any, path: Path, target: Target) -> Path:
+    """Write the compiled library for the target: a shared library, or for a cross target without
+    ``target.cc`` a tar of its object files (link them with the board's toolchain)."""
     if target.cc:
         from tvm.contrib import cc
 
+        path = path.with_suffix(".so")
         executable.export_library(str(path), fcompile=cc.cross_compiler(target.cc))
-    else:
+    elif target.mtriple:
+        path = path.with_suffix(".tar")
         executable.export_library(str(path))
+    else:
+        path = path.with_suffix(".so")
+        executable.export_library(str(path))
+    return path
 
 
 def _flatten(out: Any) -> list[np.ndarray]:

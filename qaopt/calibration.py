@@ -121,7 +121,8 @@ def build_calibration(
             res = reference_residuals(spec, nn, cache)
         models[nn] = make_error_model(spec.calibration.error_model, kind, res)
     evaluator = evaluator if evaluator is not None else make_evaluator(spec)
-    app_key = content_hash(spec.content_hash("evaluator"), simulator_code_hash(evaluator))
+    # The simulator alone keys its runs: adding a field store must not discard them.
+    app_key = content_hash(spec.evaluator.simulator, simulator_code_hash(evaluator))
     return Calibration(evaluator, space, models, goal_of(spec), acceptance_of(spec), cache, app_key)
 
 

@@ -134,7 +134,7 @@ def test_wrong_type_and_out_of_range_name_the_dotted_path_and_line(tmp_path):
         (lambda d: d["evaluator"]["simulator"].update(env_id="CropFollow-v0"), "exactly one of 'entry_point'"),
         (lambda d: d["nns"]["heading"].update(model="not an entry point"), "expected an entry point"),
         (lambda d: d["app"].update(name="crop follow"), "app.name: String should match pattern"),
-        (lambda d: d["calibration"].update(strategy="bisect", space=d["calibration"]["space"][:1]), "needs exactly 2 axes"),
+        (lambda d: d["calibration"]["space"].append({"nn": "heading", "max": 5.0}), "an axis appears twice"),
     ],
 )
 def test_bad_values_are_named(tmp_path, edit, expected):

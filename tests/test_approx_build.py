@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from types import SimpleNamespace
 
@@ -275,3 +276,44 @@ def test_array_like_image_sets_are_never_loaded_whole(tiny_nn, cache):
     assert cand.error > 0
     lazy.fingerprint = "data-v1"
     assert TargetNN("heading", tiny_nn.model, lazy, SHAPE).fingerprint != target.fingerprint
+
+
+def test_full_rank_factorization_computes_the_same_function(tiny_nn):
+    from qaopt.approx.lowrank import factorize
+
+    model = copy.deepcopy(tiny_nn.model)
+    x = torch.from_numpy(tiny_nn.data.x_val[:8])
+    with torch.no_grad():
+        before = model(x)
+        # Full rank of backbone.2 (32*9 > 64) is 64; at ratio 1 nothing pays, so force the ratio just below.
+        count = factorize(model, 0.999, 8, keep=[])
+        after = model(x)
+    assert count == 0 and torch.equal(before, after), "a factorization that saves nothing is not applied"
+    with torch.no_grad():
+        count = factorize(model, 0.25, 8, keep=[])
+        low = model(x)
+    assert count == 4 and isinstance(model.backbone[2][0], nn.Sequential)
+    assert model.backbone[2][0][0].out_channels == 16  # a quarter of rank 64, rounded to 8
+    assert not torch.allclose(before, low, atol=1e-3)
+
+
+def test_a_full_rank_factor_pair_equals_the_convolution():
+    from qaopt.approx.lowrank import factor_conv
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 24, 3, stride=2, padding=1, bias=True)
+    x = torch.randn(2, 8, 12, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(factor_conv(conv, 24)(x), conv(x), rtol=1e-4, atol=1e-5)
+        assert (factor_conv(conv, 8)(x) - conv(x)).abs().max() > 1e-3
+
+
+def test_low_rank_candidates_shrink_and_recover(tiny_nn, cache):
+    base = build(tiny_nn, Knobs(), cache_dir=cache)
+    low = build(tiny_nn, Knobs(rank_ratio=0.25, finetune_steps=200), cache_dir=cache, recipe=FAST)
+    assert low.macs < 0.6 * base.macs and low.params < 0.6 * base.params
+    assert low.error < 3.0 * base.error, (base.error, low.error)
+    both = build(tiny_nn, Knobs(prune_ratio=0.5, rank_ratio=0.5, prune_steps=2, finetune_steps=30, dtype="int8"), cache_dir=cache, recipe=FAST)
+    assert both.onnx_path.is_file() and both.macs < low.macs
+    with pytest.raises(ApproxError, match="knob 'rank_ratio'"):
+        build(tiny_nn, Knobs(rank_ratio=0.0), cache_dir=cache)

@@ -124,3 +124,10 @@ def test_plot_writes_a_png(region, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     with pytest.raises(CalibrationError, match="axis 'speed'"):
         region.plot(tmp_path / "x.png", x="speed")
+
+
+def test_undecided_points_are_borderline_and_never_certify(region):
+    region.add(Observation({"heading": 15.0, "distance": 0.02}, 91, 5, Verdict.UNDECIDED))
+    p = next(p for p in region.labelled() if p.errors == {"heading": 15.0, "distance": 0.02})
+    assert p.borderline and not p.valid
+    assert not region.contains({"heading": 14.0, "distance": 0.01})

@@ -80,6 +80,23 @@ def test_exports_are_loadable(tiny, tmp_path):
         np.testing.assert_allclose(torch.export.load(pt2).module()(x).numpy(), ref, rtol=1e-5, atol=1e-6)
 
 
+def test_cross_compiled_export_holds_aarch64_objects(tiny, tmp_path):
+    import tarfile
+
+    from qaopt.kernels.tvm_backend import TvmBackend, build, export_library, prepare
+
+    model, x, _ = tiny
+    target = Target(mtriple="aarch64-linux-gnu", mcpu="cortex-a72", threads=4)
+    prepared = prepare(model, [x], target)
+    assert str(prepared.target.attrs["mtriple"]) == "aarch64-linux-gnu"
+    path = export_library(build(prepared), tmp_path / "pi4", target)
+    assert path.suffix == ".tar"
+    with tarfile.open(path) as tar:
+        objects = [tar.extractfile(m).read(20) for m in tar.getmembers() if m.name.endswith(".o")]
+    assert objects and all(o[:4] == b"\x7fELF" and int.from_bytes(o[18:20], "little") == 183 for o in objects)  # EM_AARCH64
+    assert TvmBackend().unavailable_reason(target) is None
+
+
 def test_int8_qdq_onnx_runs_on_onnxruntime_and_tvm(tiny, tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 

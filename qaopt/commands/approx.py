@@ -13,13 +13,13 @@ from rich.table import Table
 
 from qaopt.app_spec import load
 from qaopt.app_spec.errors import QaoptError
-from qaopt.approx import TargetNN
+from qaopt.approx import TargetNN, knobs_from_space
+from qaopt.approx import sweep as sweep_candidates
 from qaopt.approx.latency import latency_ms
-from qaopt.approx.sweep import knobs_from_space, sweep as sweep_candidates
 
 app = typer.Typer(help="Build and measure approximated NNs (pruning, quantization, fine-tuning).", no_args_is_help=True)
 
-KNOB_ALIASES = {"pruning": "prune_ratio", "quantization": "dtype", "finetune": "finetune_steps"}
+KNOB_ALIASES = {"pruning": "prune_ratio", "quantization": "dtype", "finetune": "finetune_steps", "lowrank": "rank_ratio"}
 
 
 def _default_values(knob: str, space) -> list:
@@ -50,13 +50,13 @@ def _parse(text: str) -> list:
 def sweep(
     spec: Path = typer.Argument(..., help="The application spec (YAML)."),
     nn: str = typer.Option(..., "--nn", help="The NN to approximate (a key of the spec's nns)."),
-    knob: str = typer.Option("pruning", "--knob", help="pruning | quantization | finetune, or a Knobs field name."),
+    knob: str = typer.Option("pruning", "--knob", help="pruning | quantization | finetune | lowrank, or a Knobs field name."),
     values: str | None = typer.Option(None, "--values", help="Comma-separated values (default: the spec's range)."),
     dtype: str | None = typer.Option(None, help="Fixed dtype while another knob is swept (default fp32)."),
     prune_ratio: float | None = typer.Option(None, help="Fixed prune ratio while another knob is swept."),
     finetune_steps: int | None = typer.Option(None, help="Fine-tuning budget (default: the top of the spec's range)."),
     latency: bool = typer.Option(True, "--latency/--no-latency", help="Time each candidate on this machine."),
-    threads: int = typer.Option(2, help="Threads for timing."),
+    threads: int | None = typer.Option(None, help="Threads for timing (default: the spec's target.threads, else 2)."),
 ) -> None:
     """Build (or load from the cache) one candidate per value and print error, MACs, parameters and latency."""
     app_spec = load(spec)
@@ -89,7 +89,7 @@ def sweep(
             timing = None
             if latency:
                 bar.update(task, description="timing")
-                timing = latency_ms(cand, target.input_shape, threads=threads)
+                timing = latency_ms(cand, target.input_shape, threads=threads or app_spec.target.threads or 2)
             rows.append((point, cand, timing))
             bar.advance(task)
     console.print(_table(nn, knob, rows))

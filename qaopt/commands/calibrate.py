@@ -27,10 +27,12 @@ def calibrate(
     are cached, so an interrupted calibration resumes when run again.
     """
     from qaopt.calibration import build_calibration, calibrate_spec  # scipy/sklearn: only when used
+    from qaopt.field.evidence import spec_evidence
 
     app_spec = load(spec)
     console = Console()
     cal = build_calibration(app_spec)
+    field = spec_evidence(app_spec)  # runs logged in evaluator.field.store, if the spec names one
     total = app_spec.calibration.budget if budget is None else budget
     with Progress(
         TextColumn("[bold]calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -51,8 +53,16 @@ def calibrate(
             console.print(f"{step.evaluation:>3}. {point}: {mark}[/] after {ob.trials} runs, "
                           f"{ob.failures} failed{detail}")
 
-        region, folder = calibrate_spec(app_spec, strategy, budget, out, progress=show, calibration=cal)
-    certified = sum(p.valid for p in region.labelled())
+        region, folder = calibrate_spec(app_spec, strategy, budget, out, evidence=field.evidence, progress=show,
+                                        calibration=cal)
+    labelled = region.labelled()
+    certified = sum(p.valid for p in labelled)
+    if field.evidence:
+        console.print(f"field evidence: {len(field.evidence)} point(s) from {sum(map(len, field.runs.values()))} run(s)")
+    for p in labelled:
+        if p.overturned:
+            point = ", ".join(f"{k}={v:.3g}" for k, v in p.errors.items())
+            console.print(f"[blue]field overturned the simulator[/] at {point}: now {'valid' if p.valid else 'invalid'}")
     console.print(
         f"{region.evaluations} evaluations, {region.trials} runs; {certified} valid points certify the region.\n"
         f"wrote {folder / 'region.json'} and {folder / 'region.png'}"

@@ -55,6 +55,7 @@ app.command("train")(train.train)
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``qaopt`` script."""
+    _state["debug"] = bool(os.environ.get("QAOPT_DEBUG"))  # --debug, if given, sets it again
     try:
         app(args=argv, prog_name="qaopt")
     except QaoptError as exc:

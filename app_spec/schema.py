@@ -283,10 +283,25 @@ class FinetuneKnob(Section):
         return value
 
 
+class LowRankKnob(Section):
+    """Low-rank factorization of k x k convolutions: the kept share of each layer's full rank (1 = whole)."""
+
+    rank: tuple[float, float] = (0.25, 1.0)
+
+    @field_validator("rank")
+    @classmethod
+    def _rank_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = value
+        if not (0.0 < lo <= hi <= 1.0):
+            raise ValueError(f"rank must be [lo, hi] with 0 < lo <= hi <= 1, got [{lo}, {hi}]")
+        return value
+
+
 class KnobSpace(Section):
     """Which approximation knobs are searched for an NN, and over what ranges."""
 
     pruning: PruningKnob | None = None
+    lowrank: LowRankKnob | None = None
     quantization: QuantizationKnob | None = None
     finetune: FinetuneKnob | None = None
 

@@ -63,6 +63,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache", default=".qaopt-cache/bench-kernels")
     p.add_argument("--json", default=".qaopt-cache/bench-kernels/kernels_cpu.json")
+    p.add_argument("--nns", nargs="*", default=["heading", "distance"], help="CropFollow NNs for the table")
+    p.add_argument("--pruned", type=int, default=10, help="pruned candidates for the hit rate (0: skip)")
     args = p.parse_args()
     torch.manual_seed(0)
     x = torch.rand(1, 3, 240, 320)
@@ -72,7 +74,7 @@ def main() -> None:
     results: dict = {"peak_gflops": peak, "threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
     rows = []
-    for name in ("heading", "distance"):
+    for name in args.nns:
         model = NavNet(target=name, backbone="compact").eval()
         prepared = prepare(model, [x], target)
         flops = tu.model_flops(prepared.mod)
@@ -116,7 +118,7 @@ def main() -> None:
     results["rows"] = rows
 
     pruned = []
-    for seed in range(10):
+    for seed in range(args.pruned):
         model = pruned_navnet(seed)
         prepared = prepare(model, [x], target)
 

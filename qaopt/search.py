@@ -209,12 +209,16 @@ class Objective:
             ratio = round(trial.suggest_float(f"{name}.prune_ratio", lo, hi, step=PRUNE_STEP), 6) if hi > lo else lo
             steps = min(space.pruning.steps, profile.max_prune_steps or space.pruning.steps)
             importance, round_to, per_layer = space.pruning.importance, space.pruning.round_to, space.pruning.per_layer
+        rank = 1.0
+        if space.lowrank is not None:
+            lo, hi = space.lowrank.rank
+            rank = round(trial.suggest_float(f"{name}.rank_ratio", lo, hi, step=PRUNE_STEP), 6) if hi > lo else lo
         dtypes = space.quantization.dtypes if space.quantization is not None else ["fp32"]
         if self.ctx.target.backend != "auto":
             dtypes = [d for d in dtypes if self.ctx.target.backend in RUNNABLE_ON[d]] or ["fp32"]
         dtype = trial.suggest_categorical(f"{name}.dtype", dtypes)
         finetune = 0
-        if space.finetune is not None and (ratio > 0 or per_layer):
+        if space.finetune is not None and (ratio > 0 or per_layer or rank < 1.0):
             lo, hi = space.finetune.steps
             if profile.max_finetune_steps is not None:
                 lo, hi = min(lo, profile.max_finetune_steps), min(hi, profile.max_finetune_steps)
@@ -225,6 +229,7 @@ class Objective:
             importance=importance,
             round_to=round_to,
             per_layer=per_layer,
+            rank_ratio=rank,
             dtype=dtype,
             finetune_steps=finetune,
             seed=self.ctx.spec.search.seed,

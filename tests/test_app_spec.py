@@ -127,6 +127,7 @@ def test_wrong_type_and_out_of_range_name_the_dotted_path_and_line(tmp_path):
         (lambda d: d["calibration"].update(budget=0), "calibration.budget: Input should be greater than 0"),
         (lambda d: d["approximations"].update(steering={}), "approximations: approximations.steering: no NN named"),
         (lambda d: d["approximations"]["all"]["pruning"].update(ratio=[0.0, 1.0]), "0 <= lo <= hi < 1"),
+        (lambda d: d["approximations"]["all"].update(lowrank={"rank": [0.0, 0.5]}), "0 < lo <= hi <= 1"),
         (lambda d: d["nns"]["heading"]["error_metric"].update(output="yaw"), "'yaw' is not one of the outputs"),
         (lambda d: d["qos"].pop("max"), "give the goal for 'collisions_per_100m'"),
         (lambda d: d["qos"]["acceptance"].update(min_trials=200), "min_trials (200) must not exceed max_trials"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,9 +12,6 @@ from rich.table import Table
 
 from qaopt.app_spec import load
 from qaopt.app_spec.errors import QaoptError
-from qaopt.approx import TargetNN, knobs_from_space
-from qaopt.approx import sweep as sweep_candidates
-from qaopt.approx.latency import latency_ms
 
 app = typer.Typer(help="Build and measure approximated NNs (pruning, quantization, fine-tuning).", no_args_is_help=True)
 
@@ -26,12 +22,12 @@ def _default_values(knob: str, space) -> list:
     """Values to sweep when none are given: the spec's range for the knob."""
     if knob == "prune_ratio":
         lo, hi = space.pruning.ratio if space.pruning else (0.0, 0.9)
-        return [round(float(v), 3) for v in np.linspace(lo, hi, 5)]
+        return [round(float(v), 3) for v in _linspace(lo, hi, 5)]
     if knob == "dtype":
         return list(space.quantization.dtypes) if space.quantization else ["fp32", "int8"]
     if knob == "finetune_steps":
         lo, hi = space.finetune.steps if space.finetune else (0, 400)
-        return sorted({int(v) for v in np.linspace(lo, hi, 3)})
+        return sorted({int(v) for v in _linspace(lo, hi, 3)})
     raise QaoptError(f"--knob {knob}: give the values to sweep with --values")
 
 
@@ -66,6 +62,10 @@ def sweep(
     space = app_spec.knobs_for(nn)
     fixed = {k: v for k, v in {"dtype": dtype, "prune_ratio": prune_ratio}.items() if v is not None}
     fixed["finetune_steps"] = finetune_steps if finetune_steps is not None else (space.finetune.steps[1] if space.finetune else 0)
+    from qaopt.approx import TargetNN, knobs_from_space  # torch: imported only when a sweep runs
+    from qaopt.approx import sweep as sweep_candidates
+    from qaopt.approx.latency import latency_ms
+
     base = knobs_from_space(space, **fixed)
     points = _parse(values) if values else _default_values(knob, space)
     cache_dir = os.environ.get("QAOPT_CACHE_DIR") or app_spec.output.cache_dir
@@ -118,3 +118,7 @@ def _table(nn: str, knob: str, rows: list) -> Table:
             "cache" if cand.from_cache else f"{cand.build_seconds:.0f}s",
         )
     return table
+
+
+def _linspace(lo: float, hi: float, n: int) -> list[float]:
+    return [lo + (hi - lo) * i / (n - 1) for i in range(n)]

@@ -9,8 +9,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from qaopt.app_spec import load
-from qaopt.calibrate import Progress as Step
-from qaopt.calibrate import Verdict
 
 
 def calibrate(
@@ -26,7 +24,8 @@ def calibrate(
     Every point is judged by a sequential statistical test over seeded runs; runs
     are cached, so an interrupted calibration resumes when run again.
     """
-    from qaopt.calibration import build_calibration, calibrate_spec  # scipy/sklearn: only when used
+    from qaopt.calibrate import Verdict  # scipy/sklearn: only when a calibration runs
+    from qaopt.calibration import build_calibration, calibrate_spec
     from qaopt.field.evidence import spec_evidence
 
     app_spec = load(spec)
@@ -40,7 +39,7 @@ def calibrate(
     ) as bar:
         task = bar.add_task("", total=max(total, 1))
 
-        def show(step: Step) -> None:
+        def show(step) -> None:  # a qaopt.calibrate.Progress
             point = ", ".join(f"{k}={v:.3g}" for k, v in step.errors.items())
             if step.observation is None:
                 bar.update(task, description=f"{point}: {step.trials} runs")

@@ -35,8 +35,8 @@ PROFILES: dict[str, Profile] = {
         max_finetune_steps=40,
         max_prune_steps=1,
         tuning_trials=0,
-        validation_runs=8,
-        validate_top=1,
+        validation_runs=6,
+        validate_top=2,
     ),
     # The real result (<= 90 minutes on a 2-core CPU): the spec's budgets, 50 validation runs of full length.
     "default": Profile(name="default", validation_runs=50, validate_top=2),

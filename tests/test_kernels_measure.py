@@ -20,7 +20,7 @@ def _measure(call, **kw):
 def test_median_and_spread_of_a_known_workload(monkeypatch, tmp_path):
     monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
     m = _measure(lambda: time.sleep(0.002))
-    assert 2.0 <= m.median_ms < 4.0
+    assert 2.0 <= m.median_ms < 20.0  # a 2 ms sleep: never shorter, longer only on a loaded machine
     assert len(m.samples_ms) == 7 and m.number >= 2  # 5 ms samples of 2 ms calls
     assert m.spread_ms < m.median_ms
     assert m.peak_mem_bytes is not None and m.peak_mem_bytes >= 100

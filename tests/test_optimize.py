@@ -68,7 +68,7 @@ def test_end_to_end_outputs(tiny_run):
     assert result.reference.latency_ms > 0 and result.reference.errors.keys() == {"a", "b"}
     assert result.aware is not None and result.aware.in_region
     assert result.speedups.aware == pytest.approx(result.reference.latency_ms / result.aware.latency_ms)
-    assert result.validations and result.validations[0].runs == 8
+    assert result.validations and result.validations[0].runs == 6
     report = (run / "report.md").read_text()
     for section in ("## Outcome", "## Error region", "## Closed-loop validation", "## Search", "region.png", "pareto.png"):
         assert section in report

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from .errors import KernelsError
@@ -95,7 +95,7 @@ class Target:
         )
 
     def with_backend(self, backend: str) -> Target:
-        return Target(**{**self.__dict__, "backend": backend})
+        return replace(self, backend=backend)
 
     @property
     def device_key(self) -> str:

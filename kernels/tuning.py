@@ -233,8 +233,8 @@ def cpu_peak_gflops(threads: int | None = None) -> float:
     Lanes per cycle per core: 32 (2 FMA units x 16 fp32 lanes) with AVX-512 on a
     full 512-bit datapath (Zen 5, Intel server cores), 16 with a 256-bit datapath
     (Zen 4 runs AVX-512 as 2 x 256; AVX2 machines), 8 otherwise. The clock is the
-    current frequency in /proc/cpuinfo (boost may exceed it, so the share of peak
-    is an upper-bound estimate).
+    nominal frequency /proc/cpuinfo reports; boost clocks exceed it, so the true peak
+    is higher and a share of this peak overstates efficiency (it can pass 100 %).
     """
     from .tvm_backend import host_cpu
 
@@ -321,9 +321,8 @@ class SurveyTuner:
                 report.stopped = "all tasks found in the shared database"
             else:
                 self._survey(cold, db, evaluate, report, trials, seconds, runner)
-        with_db_ms = report.rounds[-1].latency_ms if report.rounds else (evaluate(db) if report.hits else float("inf"))
-        if report.hits and not report.rounds:
-            report.rounds.append(Round(0, 0.0, with_db_ms))
+        if report.hits and not report.rounds:  # nothing tuned now, but the database knows some tasks: free to try
+            report.rounds.append(Round(0, 0.0, evaluate(db)))
         best_tuned = min([r.latency_ms for r in report.rounds], default=float("inf"))
         if best_tuned < report.untuned_ms:
             report.chosen = "tuned"

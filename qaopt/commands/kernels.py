@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -37,10 +38,9 @@ def bench(
         raise QaoptError(f"--nn {', '.join(unknown)}: not in {spec}'s nns ({', '.join(app_spec.nns)})")
     target = kernels.Target.from_spec(app_spec.target)
     overrides = {"backend": backend, "threads": threads}
-    target = kernels.Target(**{**target.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
+    target = replace(target, **{k: v for k, v in overrides.items() if v is not None})
     if trials is not None:
-        target = kernels.Target(**{**target.__dict__, "tuning": kernels.TuningBudget(trials, target.tuning.seconds,
-                                                                                      target.tuning.database)})
+        target = replace(target, tuning=replace(target.tuning, trials=trials))
     table = Table(title=f"{spec.name}: {target.device}, backend {target.backend}, {target.threads or 'all'} threads")
     for column in ("NN", "backend", "median ms", "IQR ms", "peak MiB", "note"):
         table.add_column(column)

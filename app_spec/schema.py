@@ -316,6 +316,8 @@ class RPCSpec(Section):
     port: int = Field(9090, ge=1, le=65535)
     key: str | None = None
     tracker: bool = False
+    retries: int = Field(2, ge=0, description="reconnects after a device drops mid-measurement")
+    timeout_s: float = Field(60.0, gt=0)
 
     @model_validator(mode="after")
     def _tracker_needs_key(self) -> RPCSpec:
@@ -334,7 +336,9 @@ class TargetSpec(Section):
     device: Literal["cpu", "cuda", "rpc"] = "cpu"
     backend: Literal["tvm", "torch", "torch-compile", "onnxruntime", "auto"] = "auto"
     threads: PositiveInt | None = None
-    mcpu: str | None = None
+    mcpu: str | None = Field(None, description="LLVM CPU for TVM; default: this host's")
+    mtriple: str | None = Field(None, description="LLVM target triple when cross-compiling, e.g. aarch64-linux-gnu")
+    cc: str | None = Field(None, description="cross compiler that links TVM's library, e.g. aarch64-linux-gnu-g++")
     tuning: TuningSpec = Field(default_factory=TuningSpec)
     rpc: RPCSpec | None = None
 

@@ -1,4 +1,4 @@
-"""Low-rank factorization x pruning for the CropFollow NNs: error, MACs and latency (docs/benchmarks/approx.md).
+"""Low-rank factorization x pruning for the CropFollow NNs: error, MACs and latency (docs/BENCHMARKS.md, Approximation).
 
     .venv/bin/python benchmarks/approx_lowrank.py --nns heading distance
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import typer
 
@@ -56,6 +57,8 @@ app.command("train")(train.train)
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``qaopt`` script."""
     _state["debug"] = bool(os.environ.get("QAOPT_DEBUG"))  # --debug, if given, sets it again
+    # torch's own deepcopy of pruned modules warns about its internals; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
     try:
         app(args=argv, prog_name="qaopt")
     except QaoptError as exc:

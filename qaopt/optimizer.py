@@ -25,7 +25,7 @@ from rich.console import Console
 from qaopt import kernels
 from qaopt.app_spec import AppSpec, content_hash, load
 from qaopt.approx import Candidate, Knobs, TargetNN, build
-from qaopt.calibrate import ErrorRegion
+from qaopt.calibrate import ErrorRegion, Evidence
 from qaopt.calibration import cache_dir_of, calibrate_spec, make_evaluator
 from qaopt.field.evidence import spec_evidence
 from qaopt.profiles import Profile, get_profile
@@ -121,6 +121,9 @@ def optimize(
     with _stage(console, stages, "closed-loop validation"):
         front = feasible_configurations(studies["aware"])
         validations, aware = _validate(spec, prof, ctx, front, cache_dir)
+        if any(v.verdict == "invalid" for v in validations):
+            region.save(run_dir / "region.json")  # closed-loop evidence is kept with the region
+            region.plot(run_dir / "region.png")
     agnostic_front = feasible_configurations(studies["agnostic"])
     agnostic = agnostic_front[0] if agnostic_front else None
 
@@ -183,13 +186,20 @@ def _validate(
 ) -> tuple[list[Validation], Configuration | None]:
     """Validate the fastest configurations of the aware front; the first accepted one wins.
 
-    When none is accepted at the spec's confidence (a quick profile runs too few runs
-    to prove it), the fastest one that did not fail is reported, unaccepted.
+    A configuration that fails closed-loop is evidence against the region at its error
+    point: it is added to the region (source ``closed-loop``), and by monotonicity every
+    front configuration with errors at least as large is skipped without spending runs
+    on it. When none is accepted at the spec's confidence (a quick profile runs too few
+    runs to prove it), the fastest one that did not fail is reported, unaccepted.
     """
     evaluator = None
     validations: list[Validation] = []
     chosen = fallback = None
-    for config in front[: prof.validate_top]:
+    for config in front:
+        if len(validations) >= prof.validate_top:
+            break
+        if not ctx.region.contains(config.errors):
+            continue  # ruled out by an earlier closed-loop failure
         key = content_hash("validation", {n: c.candidate for n, c in config.nns.items()}, prof.validation_runs,
                            spec.content_hash("evaluator", "qos"))
         cached = cache_dir / "optimize" / "validation" / f"{key}.json"
@@ -205,6 +215,9 @@ def _validate(
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(validation.model_dump_json())
         validations.append(validation)
+        if validation.verdict == "invalid":
+            ctx.region.add_evidence(Evidence(config.errors, validation.passes, validation.failures, source="closed-loop",
+                                             note=f"trial {config.trial}: the approximated NNs in the loop"))
         if validation.accepted:
             chosen = config
             break

@@ -309,9 +309,14 @@ def finished_trials(study: optuna.Study) -> int:
 
 
 def feasible_configurations(study: optuna.Study) -> list[Configuration]:
-    """Feasible, measured configurations on the Pareto front, fastest first."""
-    front = [t for t in study.best_trials if t.user_attrs.get("configuration")]
-    configs = [Configuration.model_validate(t.user_attrs["configuration"]) for t in front]
+    """Every feasible, measured configuration, fastest first (the latency end of the Pareto front leads).
+
+    Not only the front: when closed-loop validation rules the fastest out, the next
+    fastest is the one to try.
+    """
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    configs = [Configuration.model_validate(t.user_attrs["configuration"]) for t in trials
+               if t.user_attrs.get("feasible") and t.user_attrs.get("configuration")]
     return sorted(configs, key=lambda c: (c.latency_ms, c.memory_bytes or 0))
 
 

@@ -17,6 +17,8 @@ Protocol (the same for every backend and device):
 
 from __future__ import annotations
 
+import abc
+
 import contextlib
 import os
 import statistics
@@ -91,13 +93,13 @@ def device_lock(device_key: str, timeout: float = -1) -> Iterator[None]:
 # --------------------------------------------------------------------------- energy
 
 
-class EnergyMeter:
+class EnergyMeter(abc.ABC):
     """A cumulative energy counter in joules; ``None`` from :func:`energy_meter` when there is none."""
 
     source: str = ""
 
-    def joules(self) -> float:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def joules(self) -> float: ...
 
 
 class RaplMeter(EnergyMeter):

@@ -28,6 +28,7 @@ from qaopt.approx import Candidate, Knobs, TargetNN, build
 from qaopt.calibrate import ErrorRegion, Evidence
 from qaopt.calibration import cache_dir_of, calibrate_spec, make_evaluator
 from qaopt.field.evidence import spec_evidence
+from qaopt.pipeline import compile_nn
 from qaopt.profiles import Profile, get_profile
 from qaopt.report import write_report
 from qaopt.result import Configuration, Result, Speedups, Validation
@@ -246,8 +247,6 @@ def _candidate(ctx: SearchContext, nn: str, knobs: dict[str, Any]) -> Candidate:
 def _export(config: Configuration, ctx: SearchContext, folder: Path) -> dict[str, dict[str, Path]]:
     """Each chosen NN as a state dict, ONNX, and the compiled library of its backend."""
     import torch
-
-    from qaopt.pipeline import compile_nn
 
     out: dict[str, dict[str, Path]] = {}
     for name, choice in config.nns.items():

@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from qaopt import kernels
 from qaopt.app_spec import AppSpec, QaoptError
-from qaopt.approx import RUNNABLE_ON, Candidate, FinetuneRecipe, Knobs, TargetNN, build
+from qaopt.approx import RUNNABLE_ON, Candidate, Knobs, TargetNN, build
 from qaopt.calibrate import ErrorRegion
 from qaopt.pipeline import compile_nn, measure_configuration, schedules_for, threads_of
 from qaopt.profiles import Profile
@@ -106,10 +106,6 @@ class SearchContext:
     agnostic_tolerance: float
     incumbent_ms: dict[Mode, float] = field(default_factory=dict)
     _measured: dict[tuple, tuple[dict, float, int | None]] = field(default_factory=dict, repr=False)
-
-    @property
-    def recipe(self) -> FinetuneRecipe:
-        return FinetuneRecipe()
 
     def examples(self) -> dict[str, np.ndarray]:
         return {name: np.zeros(nn.input_shape, dtype=np.float32) for name, nn in self.nns.items()}

@@ -203,3 +203,48 @@ def test_two_workers_share_one_study_on_postgres(tmp_path):
         reference = [t for t in trials if all(v in (0.0, "fp32", "sequential") for v in t.params.values())]
         assert len(reference) == 1, "the enqueued reference trial ran more than once"
         assert len({t._trial_id for t in trials}) == len(trials)
+
+
+def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from qaopt.app_spec import load
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.profiles import get_profile
+    from qaopt.result import Configuration, Validation
+
+    spec_path, result = tiny_run
+    region = ErrorRegion.load(result.region)
+    base = result.reference
+
+    def config(trial: int, a: float, b: float, latency: float) -> Configuration:
+        nns = {n: c.model_copy(update={"candidate": f"{c.candidate}-{trial}"}) for n, c in base.nns.items()}
+        return base.model_copy(update={"trial": trial, "nns": nns, "errors": {"a": a, "b": b}, "latency_ms": latency})
+
+    # Fail at the accepted point with the largest error of NN a; another accepted point with
+    # less error on a stays valid, while a point just above the failure is ruled out.
+    accepted = sorted((p.errors for p in region.labelled() if p.valid), key=lambda e: e["a"])
+    low, high = accepted[0], accepted[-1]
+    assert low["a"] < high["a"], "the tiny region needs two accepted points"
+    fastest = config(1, high["a"], high["b"], 1.0)
+    dominated = config(2, high["a"] * 1.01, high["b"] * 1.01, 1.1)
+    other = config(3, low["a"], low["b"], 1.2)
+    assert region.contains(fastest.errors) and region.contains(other.errors)
+    validated = []
+
+    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid):
+        validated.append(trial)
+        fails = trial == 1
+        return Validation(trial=trial, runs=runs, passes=0 if fails else runs, failures=runs if fails else 0,
+                          verdict="invalid" if fails else "valid", accepted=not fails,
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=float(fails), totals={})
+
+    monkeypatch.setattr(optimize_module, "validate_closed_loop", fake_validation)
+    monkeypatch.setattr(optimize_module, "_candidate", lambda ctx, nn, knobs: SimpleNamespace(predict=None))
+    monkeypatch.setattr(optimize_module, "make_evaluator", lambda spec: object())
+    ctx = SimpleNamespace(region=region)
+    validations, chosen = optimize_module._validate(load(spec_path), get_profile("quick"), ctx,
+                                                    [fastest, dominated, other], tmp_path)
+    assert validated == [1, 3], "the configuration dominating a closed-loop failure must be skipped"
+    assert chosen.trial == 3 and not region.contains(dominated.errors)
+    assert any(o.source == "closed-loop" for o in region.observations)

@@ -30,7 +30,7 @@ from qaopt.calibration import cache_dir_of, calibrate_spec, make_evaluator
 from qaopt.field.evidence import spec_evidence
 from qaopt.pipeline import compile_nn
 from qaopt.profiles import Profile, get_profile
-from qaopt.report import write_report
+from qaopt.report import format_errors, write_report
 from qaopt.result import Configuration, Result, Speedups, Validation
 from qaopt.search import OptimizeError, SearchContext, feasible_configurations, open_storage, run_study, summarize
 from qaopt.validation import validate_closed_loop
@@ -95,7 +95,7 @@ def optimize(
     if not region.contains(reference_errors):
         raise OptimizeError(
             f"{spec.source}: the error region is empty for these NNs: even the reference NNs "
-            f"(errors {_fmt(reference_errors)}) fail the QoS goal '{spec.qos.metric}' at the spec's confidence, so no "
+            f"(errors {format_errors(reference_errors)}) fail the QoS goal '{spec.qos.metric}' at the spec's confidence, so no "
             f"approximation can be valid. See the calibration plot {run_dir / 'region.png'}; loosen qos or improve the NNs."
         )
 
@@ -280,9 +280,6 @@ def _fidelity_note(spec: AppSpec, validations: list[Validation]) -> str:
         "injected model (bias, correlation over frames, scene-dependent failures); consider error_model: empirical."
     )
 
-
-def _fmt(errors: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.4g}" for k, v in errors.items())
 
 
 @contextmanager

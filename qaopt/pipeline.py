@@ -11,10 +11,9 @@ kernel ran, so the schedule is measured, not assumed:
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from qaopt import kernels
+from qaopt.kernels.torch_backends import torch_threads  # torch's pool is process-wide: one share per NN
 from qaopt.approx import Candidate
 from qaopt.result import NNChoice, Schedule
 
@@ -116,7 +116,7 @@ def concurrent_frame_ms(compiled: list[Any], inputs: list[np.ndarray], threads_e
             future.result()
         return (time.perf_counter() - start) * 1e3
 
-    with kernels.device_lock(device_key), _torch_threads(threads_each), ThreadPoolExecutor(len(compiled)) as pool:
+    with kernels.device_lock(device_key), torch_threads(threads_each), ThreadPoolExecutor(len(compiled)) as pool:
         for _ in range(protocol.warmup):
             frame(pool)
         samples = []
@@ -124,19 +124,6 @@ def concurrent_frame_ms(compiled: list[Any], inputs: list[np.ndarray], threads_e
         while len(samples) < protocol.repeats and (len(samples) < 3 or time.perf_counter() < deadline):
             samples.append(frame(pool))
     return statistics.median(samples)
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op pool is process-wide: give each concurrently running NN its share."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _total(values: list[int | None]) -> int | None:

@@ -42,7 +42,7 @@ def write_report(result: Result, studies: dict[str, optuna.Study], region: Error
         if config is not None:
             lines += [f"### {title}", "", _nn_table(config), ""]
     lines += ["## Error region", "", f"![error region](region.png)", "",
-              f"Region from `{result.region.name}`; the reference NNs sit at {_fmt(result.reference.errors)}.", ""]
+              f"Region from `{result.region.name}`; the reference NNs sit at {format_errors(result.reference.errors)}.", ""]
     lines += ["## Closed-loop validation", "", _validation_table(result), ""]
     if result.fidelity is not None:
         lines.append(f"Region fidelity: the region's prediction matched the closed-loop verdict for "
@@ -144,9 +144,10 @@ def _candidate_table(study: optuna.Study) -> str:
             continue
         knobs = ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
         rows.append(f"| {t.number} | {bool(t.user_attrs.get('feasible'))} | {t.values[0]:.2f} | "
-                    f"{_fmt(t.user_attrs.get('errors', {}))} | {knobs} |")
+                    f"{format_errors(t.user_attrs.get('errors', {}))} | {knobs} |")
     return "\n".join(rows)
 
 
-def _fmt(errors: dict[str, float]) -> str:
+def format_errors(errors: dict[str, float]) -> str:
+    """An error vector as ``heading=1.48, distance=0.0354`` for messages and tables."""
     return ", ".join(f"{k}={v:.4g}" for k, v in errors.items())

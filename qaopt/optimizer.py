@@ -33,7 +33,7 @@ from qaopt.profiles import Profile, get_profile
 from qaopt.report import format_errors, write_report
 from qaopt.result import Configuration, Result, Speedups, Validation
 from qaopt.search import OptimizeError, SearchContext, feasible_configurations, open_storage, run_study, summarize
-from qaopt.validation import validate_closed_loop
+from qaopt.validation import VALIDATION_SEED_BASE, validate_closed_loop
 
 AGNOSTIC_TOLERANCE = 0.02
 """Accuracy-preserving compression may lose this much relative NN error (measurement noise)."""
@@ -126,7 +126,7 @@ def optimize(
     with _stage(console, stages, "closed-loop validation"):
         front = feasible_configurations(studies["aware"])
         validations, aware = _validate(spec, prof, ctx, front, cache_dir)
-        if any(v.verdict == "invalid" for v in validations):
+        if any(v.failures for v in validations):
             region.save(run_dir / "region.json")  # closed-loop evidence is kept with the region
             region.plot(run_dir / "region.png")
     agnostic_front = feasible_configurations(studies["agnostic"])
@@ -215,7 +215,7 @@ def _validate(
         if not ctx.region.contains(config.errors):
             continue  # ruled out by an earlier closed-loop failure
         key = content_hash("validation", {n: c.candidate for n, c in config.nns.items()}, prof.validation_runs,
-                           spec.content_hash("evaluator", "qos"))
+                           spec.content_hash("evaluator", "qos"), VALIDATION_SEED_BASE)
         cached = cache_dir / "optimize" / "validation" / f"{key}.json"
         if cached.exists():
             validation = Validation.model_validate_json(cached.read_text())
@@ -224,12 +224,12 @@ def _validate(
             candidates = {n: _candidate(ctx, n, c.knobs) for n, c in config.nns.items()}
             validation = validate_closed_loop(
                 evaluator, {n: c.predict for n, c in candidates.items()}, spec, prof.validation_runs,
-                trial=config.trial, region_predicted_valid=config.in_region,
+                trial=config.trial, region_predicted_valid=config.in_region, threads=ctx.target.threads or 1,
             )
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(validation.model_dump_json())
         validations.append(validation)
-        if validation.verdict == "invalid":
+        if validation.failures:
             ctx.region.add_evidence(Evidence(config.errors, validation.passes, validation.failures, source="closed-loop",
                                              note=f"trial {config.trial}: the approximated NNs in the loop"))
         if validation.accepted:

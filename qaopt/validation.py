@@ -9,6 +9,7 @@ says how often the region's prediction agreed.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -18,20 +19,31 @@ from qaopt.app_spec import AppSpec, QaoptError
 from qaopt.calibrate import AcceptanceTest, QoSGoal, Verdict
 from qaopt.result import Validation
 
-VALIDATION_SEED_BASE = 1_000_000
-"""Validation seeds are disjoint from calibration's, so no run is reused across the two."""
+VALIDATION_SEED_BASE = 5_000_000
+"""Validation seeds are disjoint from calibration's and from the seeds simulators use for their NNs'
+training and validation data (CropFollow's validation drives use 1,000,000 + ...), so a validation
+run never replays a field the NNs were measured on."""
 
 
 class PerceptionEvaluator(Protocol):
     """An application that can run with real NNs reading its sensor frames.
 
     ``nns`` maps NN names to callables from a batch of inputs to a batch of outputs;
-    NNs left out get perfect perception. Returns one metrics mapping per seed.
+    NNs left out get perfect perception. Returns one metrics mapping per seed. An
+    evaluator may also take ``render_threads`` to spread its sensor rendering over cores.
     """
 
     def evaluate_perception(
         self, nns: Mapping[str, Callable[[np.ndarray], np.ndarray]], seeds: Sequence[int]
     ) -> list[dict[str, float]]: ...
+
+
+def acceptable_failures(test: AcceptanceTest, runs: int) -> int:
+    """The most failures among ``runs`` runs that still accept (``-1``: ``runs`` is too few to accept at all)."""
+    f = -1
+    while f + 1 <= runs and test.decide_fixed(f + 1, runs) == Verdict.VALID:
+        f += 1
+    return f
 
 
 def validate_closed_loop(
@@ -43,8 +55,17 @@ def validate_closed_loop(
     trial: int | None,
     region_predicted_valid: bool,
     seed_base: int = VALIDATION_SEED_BASE,
+    threads: int = 1,
 ) -> Validation:
-    """Run ``runs`` seeded closed-loop episodes with ``nns`` and judge them with the spec's acceptance test."""
+    """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them with the spec's acceptance test.
+
+    Episodes run in blocks of the acceptance test's ``min_trials`` seeds; after each block
+    the runs stop as soon as the configuration can no longer be accepted within ``runs``
+    (more failures than the test tolerates at ``runs``) or is already proven invalid. One
+    closed-loop run costs seconds of rendering and inference, so a failing configuration
+    costs a block or two instead of the whole budget. ``threads`` is passed on as
+    ``render_threads`` to evaluators that take it.
+    """
     if not hasattr(evaluator, "evaluate_perception"):
         raise QaoptError(
             f"evaluator.simulator: {type(evaluator).__name__} has no evaluate_perception(nns, seeds); closed-loop "
@@ -53,16 +74,25 @@ def validate_closed_loop(
     goal = QoSGoal(spec.qos.metric, spec.qos.max, spec.qos.min)
     a = spec.qos.acceptance
     test = AcceptanceTest(a.max_failure_rate, a.confidence, a.min_trials, a.max_trials)
-    records = evaluator.evaluate_perception(dict(nns), [seed_base + i for i in range(runs)])
-    passed = [goal.passes(r[spec.qos.metric]) for r in records]
-    failures = passed.count(False)
+    tolerated = acceptable_failures(test, runs)
+    options = {"render_threads": threads} if "render_threads" in inspect.signature(evaluator.evaluate_perception).parameters else {}
+    records: list[Mapping[str, float]] = []
+    failures = 0
+    while len(records) < runs:
+        seeds = [seed_base + i for i in range(len(records), min(runs, len(records) + a.min_trials))]
+        block = evaluator.evaluate_perception(dict(nns), seeds, **options)
+        records += block
+        failures += sum(not goal.passes(r[spec.qos.metric]) for r in block)
+        out_of_reach = tolerated >= 0 and failures > tolerated
+        if out_of_reach or test.decide_fixed(failures, len(records)) == Verdict.INVALID:
+            break
     verdict = test.decide_fixed(failures, len(records))
     return Validation(
         trial=trial,
         runs=len(records),
         passes=len(records) - failures,
         failures=failures,
-        verdict=verdict.value if isinstance(verdict, Verdict) else str(verdict),
+        verdict=verdict.value,
         accepted=verdict == Verdict.VALID,
         region_predicted_valid=region_predicted_valid,
         qos_metric_mean=float(np.mean([r[spec.qos.metric] for r in records])),

@@ -232,7 +232,7 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
     assert region.contains(fastest.errors) and region.contains(other.errors)
     validated = []
 
-    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid):
+    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid, threads):
         validated.append(trial)
         fails = trial == 1
         return Validation(trial=trial, runs=runs, passes=0 if fails else runs, failures=runs if fails else 0,
@@ -242,7 +242,7 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
     monkeypatch.setattr(optimize_module, "validate_closed_loop", fake_validation)
     monkeypatch.setattr(optimize_module, "_candidate", lambda ctx, nn, knobs: SimpleNamespace(predict=None))
     monkeypatch.setattr(optimize_module, "make_evaluator", lambda spec: object())
-    ctx = SimpleNamespace(region=region)
+    ctx = SimpleNamespace(region=region, target=SimpleNamespace(threads=1))
     validations, chosen = optimize_module._validate(load(spec_path), get_profile("quick"), ctx,
                                                     [fastest, dominated, other], tmp_path)
     assert validated == [1, 3], "the configuration dominating a closed-loop failure must be skipped"

@@ -100,19 +100,26 @@ class AutoBackend:
     name = "auto"
 
     def __init__(self, backends: Sequence[str] | None = None, cache_dir: str | Path | None = None,
-                 protocol: Protocol = Protocol(), incumbent_ms: float | None = None):
+                 protocol: Protocol = Protocol(), incumbent_ms: float | None = None,
+                 runnable_on: Sequence[str] | None = None):
         self.backends = tuple(backends) if backends else None
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.protocol = protocol
         self.incumbent_ms = incumbent_ms
+        self.runnable_on = tuple(runnable_on) if runnable_on is not None else None
 
     def unavailable_reason(self, target: Target) -> str | None:
         return None
 
     def _names(self, target: Target) -> tuple[str, ...]:
-        if self.backends:
-            return self.backends
-        return {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}[target.device]
+        names = self.backends or {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}[target.device]
+        if self.runnable_on is None:
+            return names
+        kept = tuple(n for n in names if n.split("[")[0] in self.runnable_on)
+        if not kept:
+            raise KernelsError(f"target.backend: auto: none of the backends {', '.join(names)} can run this model "
+                               f"(its dtype runs on {', '.join(self.runnable_on)})")
+        return kept
 
     def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> AutoCompiled:
         names = self._names(target)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,23 @@ def cpu_peak_gflops(threads: int | None = None) -> float:
     return cores * ghz * lanes * 2
 
 
+@contextmanager
+def _meta_schedule_console(level: int) -> Iterator[None]:
+    """Show only ``level`` and above of MetaSchedule's console log while tuning.
+
+    MetaSchedule gives its console handler the level its global logger has when a
+    tuning session starts (DEBUG when unset) and prints a task table per trial batch;
+    the full per-task logs still go to ``<database>/logs``.
+    """
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    saved = ms_logger.level
+    ms_logger.setLevel(level)
+    try:
+        yield
+    finally:
+        ms_logger.setLevel(saved)
+
+
 def stop_reason(latencies_ms: list[float], min_gain: float) -> str:
     """Survey tuning's early stop: why to stop after these rounds' whole-model latencies ('' to go on).
 
@@ -291,9 +309,6 @@ class SurveyTuner:
         self.builder_workers = builder_workers or max(1, (os.cpu_count() or 2))
         self.population = population
         self.seed = seed
-        console = logging.getLogger("tvm.s_tir.meta_schedule")
-        if console.level == logging.NOTSET:  # only warnings on the console; each task's full log goes to <db>/logs
-            console.setLevel(logging.WARNING)
 
     def tune(self, prepared: Any, evaluate: Callable[[Any], float], *, trials: int, seconds: float | None,
              runner: Any, threads: int | None, incumbent_ms: float | None = None) -> tuple[TuningReport, Any]:
@@ -354,10 +369,11 @@ class SurveyTuner:
                     cold, work_dir, strategy=strategy, seed=self.seed + len(report.rounds), num_threads=1)
                 start = time.perf_counter()
                 try:
-                    ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=n,
-                                  max_trials_per_task=n, num_trials_per_iter=per_task,
-                                  builder=builder, runner=runner, database=db, cost_model=cost_model,
-                                  task_scheduler="round-robin")
+                    with _meta_schedule_console(logging.WARNING):
+                        ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=n,
+                                      max_trials_per_task=n, num_trials_per_iter=per_task,
+                                      builder=builder, runner=runner, database=db, cost_model=cost_model,
+                                      task_scheduler="round-robin")
                 except Exception as exc:
                     raise BuildError(f"MetaSchedule tuning failed: {type(exc).__name__}: {exc}") from exc
                 report.trials += n

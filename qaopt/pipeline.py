@@ -63,7 +63,8 @@ def compile_nn(
     protocol: kernels.Protocol = kernels.Protocol(),
 ) -> MeasuredNN:
     """Compile (and tune, within the target's budget) one candidate and measure it alone."""
-    compiled = kernels.compile(model_of(candidate), [example], target, cache_dir=cache_dir, incumbent_ms=incumbent_ms)
+    compiled = kernels.compile(model_of(candidate), [example], target, cache_dir=cache_dir, incumbent_ms=incumbent_ms,
+                               runnable_on=candidate.runnable_on)
     measurement = compiled.measure(protocol)
     measured: dict[str, float | str] = {}
     for outcome in getattr(compiled, "outcomes", ()):

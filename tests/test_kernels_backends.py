@@ -220,3 +220,14 @@ def test_auto_fails_clearly_when_nothing_runs(tiny):
     kernels.register_backend("failing", lambda **_: _FailingBuild())
     with pytest.raises(kernels.KernelsError, match="no backend could run the model: failing: failing: LLVM"):
         kernels.AutoBackend(["failing"]).compile(model, [x], Target())
+
+
+def test_auto_measures_only_the_backends_that_run_the_dtype(tiny, monkeypatch):
+    model, x, _ = tiny
+    tried = []
+    real_try = kernels.auto.AutoBackend._try
+    monkeypatch.setattr(kernels.auto.AutoBackend, "_try", lambda self, name, *a: tried.append(name) or real_try(self, name, *a))
+    compiled = kernels.compile(model, [x], Target(backend="auto", threads=1), runnable_on=("onnxruntime",))
+    assert tried == ["onnxruntime"] and compiled.backend == "onnxruntime"
+    with pytest.raises(kernels.KernelsError, match="none of the backends .* can run this model .*runs on fp8-engine"):
+        kernels.compile(model, [x], Target(backend="auto", threads=1), runnable_on=("fp8-engine",))

@@ -9,7 +9,8 @@
    ``--per-task`` trials per task) with the early stop disabled, the model measured after every
    round; the figures at round 1 and at the end are the two budgets. Where the early stop
    (min_gain 5 %) would have stopped is read off the same round history (the rule is a pure
-   function of it: qaopt.kernels.tuning.stop_reason).
+   function of it: qaopt.kernels.tuning.stop_reason), so ``--report-only`` re-reads it from the
+   recorded JSON after a change of the rule.
 3. The distance NN has the same layer shapes: it is compiled against the shared database.
 4. Shared-database hit rate over 10 pruned heading candidates (per-layer keep ratios drawn from
    {0.5, 0.75, 1.0}, channels rounded to 8, seed 0), each tuning only its cold tasks, 1 trial each.
@@ -65,7 +66,12 @@ def main() -> None:
     p.add_argument("--json", default=".qaopt-cache/bench-kernels/kernels_cpu.json")
     p.add_argument("--nns", nargs="*", default=["heading", "distance"], help="CropFollow NNs for the table")
     p.add_argument("--pruned", type=int, default=10, help="pruned candidates for the hit rate (0: skip)")
+    p.add_argument("--report-only", action="store_true",
+                   help="print the tables of the recorded --json again (the early-stop column is recomputed)")
     args = p.parse_args()
+    if args.report_only:
+        report_markdown(json.loads(Path(args.json).read_text()))
+        return
     torch.manual_seed(0)
     x = torch.rand(1, 3, 240, 320)
     target = Target(threads=args.threads)

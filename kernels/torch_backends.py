@@ -7,6 +7,8 @@ is the floor every tuned candidate must beat (Luthier's lesson).
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -150,7 +152,11 @@ class TorchCompileBackend:
         self.mode = mode
 
     def unavailable_reason(self, target: Target) -> str | None:
-        return _torch_unavailable(target)
+        reason = _torch_unavailable(target)
+        if reason is None and target.device == "cpu" and not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")):
+            reason = ("Inductor compiles C++ for the CPU and found no compiler (g++, clang++ or $CXX); "
+                      "install one (e.g. apt-get install g++) or use backend 'torch' or 'onnxruntime'")
+        return reason
 
     def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> TorchCompiled:
         import torch

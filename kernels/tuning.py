@@ -7,8 +7,8 @@ Why each piece (../shared/STACK.md: one MetaSchedule trial costs seconds on 2 co
   tuned once is looked up, not tuned again. The hit rate is reported.
 * **Survey tuning** (Trimmer): all cold tasks are tuned together in short rounds
   of equal cost; after each round the *whole model* is built and measured, and
-  tuning stops when the last two rounds together improved it by less than
-  ``min_gain`` (Trimmer smooths its rate over two rounds the same way; the first
+  tuning stops when each of the last two rounds improved it by less than
+  ``min_gain`` (Trimmer also judges the rate over more than one round; the first
   round, which replaces default schedules, is never the reference), or when the
   budget is spent.
 * **Skip cold candidates**: when even an optimistic bound of the tuned latency
@@ -274,16 +274,19 @@ def _meta_schedule_console(level: int) -> Iterator[None]:
 def stop_reason(latencies_ms: list[float], min_gain: float) -> str:
     """Survey tuning's early stop: why to stop after these rounds' whole-model latencies ('' to go on).
 
-    Stops when the best latency improved by less than ``min_gain`` over the last
-    two rounds. Needs three rounds, so the first round (which replaces TVM's
-    default schedules and always gains a lot) is never the reference.
+    Stops when each of the last two rounds improved the best latency by less than
+    ``min_gain``: one slow round is often followed by a good one (the evolutionary
+    search and the cost model catch up), two in a row rarely are. The first round,
+    which replaces TVM's default schedules and always gains a lot, is never the
+    reference, so a stop needs three rounds.
     """
     best = [min(latencies_ms[: i + 1]) for i in range(len(latencies_ms))]
     if len(best) < 3:
         return ""
-    gain = (best[-3] - best[-1]) / best[-3]
-    if gain < min_gain:
-        return f"early stop: rounds {len(best) - 1}-{len(best)} improved {gain:.1%} < {min_gain:.0%}"
+    gains = [(best[i - 1] - best[i]) / best[i - 1] for i in (-2, -1)]
+    if max(gains) < min_gain:
+        return (f"early stop: rounds {len(best) - 1} and {len(best)} improved {gains[0]:.1%} and {gains[1]:.1%}, "
+                f"each < {min_gain:.0%}")
     return ""
 
 
@@ -291,7 +294,7 @@ class SurveyTuner:
     """Tunes one candidate's cold tasks in rounds into the shared database (see the module docstring).
 
     ``round_trials_per_task`` trials per cold task make one round; tuning stops
-    when two rounds together gain less than ``min_gain`` (relative latency).
+    when two rounds in a row each gain less than ``min_gain`` (relative latency).
     ``population`` is the evolutionary search's population (MetaSchedule's default
     is 512): each round re-runs the search for every task, and with a handful of
     trials per round a large population costs more than the trials it picks

@@ -38,14 +38,13 @@ PROFILES: dict[str, Profile] = {
         validation_runs=6,
         validate_top=2,
     ),
-    # The real result in <= 90 minutes on a 2-core CPU: one fine-tuning step of a CropFollow
-    # NN costs ~0.4 s there, so the spec's 40 trials x 400 steps (hours) are capped, and so is
-    # TVM tuning (auto skips it where even an optimistic bound loses to a vendor backend, and
-    # 32 trials is one short survey round where it does not); closed-loop validation runs 50
-    # runs of full length and stops a failing configuration early.
+    # The real result in <= 90 minutes on a 2-core CPU: the spec's trials, but fine-tuning capped
+    # at 160 steps (a CropFollow NN's step costs 0.1-0.4 s there, so 400-step candidates would
+    # take the whole budget) and TVM tuning capped (auto skips it where even an optimistic bound
+    # loses to a vendor backend, and 32 trials is one short survey round where it does not);
+    # closed-loop validation runs 50 runs of full length and stops a failing configuration early.
     "default": Profile(
         name="default",
-        trials=14,
         max_finetune_steps=160,
         max_prune_steps=2,
         tuning_trials=32,

@@ -209,10 +209,7 @@ class Objective:
         if space.lowrank is not None:
             lo, hi = space.lowrank.rank
             rank = round(trial.suggest_float(f"{name}.rank_ratio", lo, hi, step=PRUNE_STEP), 6) if hi > lo else lo
-        dtypes = space.quantization.dtypes if space.quantization is not None else ["fp32"]
-        if self.ctx.target.backend != "auto":
-            dtypes = [d for d in dtypes if self.ctx.target.backend in RUNNABLE_ON[d]] or ["fp32"]
-        dtype = trial.suggest_categorical(f"{name}.dtype", dtypes)
+        dtype = trial.suggest_categorical(f"{name}.dtype", dtypes_for(self.ctx, name))
         finetune = 0
         if space.finetune is not None and (ratio > 0 or per_layer or rank < 1.0):
             lo, hi = space.finetune.steps
@@ -247,6 +244,15 @@ class Objective:
         return [figures[o] for o in self.ctx.spec.search.objectives]
 
 
+def dtypes_for(ctx: SearchContext, name: str) -> list[str]:
+    """The dtypes NN ``name`` may take: its spec's, less those the target's backend cannot run."""
+    space = ctx.spec.knobs_for(name)
+    dtypes = list(space.quantization.dtypes) if space.quantization is not None else ["fp32"]
+    if ctx.target.backend != "auto":
+        dtypes = [d for d in dtypes if ctx.target.backend in RUNNABLE_ON[d]] or ["fp32"]
+    return dtypes
+
+
 def run_study(
     ctx: SearchContext,
     mode: Mode,
@@ -279,6 +285,13 @@ def run_study(
         params[f"{nn}.dtype"] = k.dtype
     params["schedule"] = "sequential"
     study.enqueue_trial(params, skip_if_exists=True)
+    # Then each reduced precision alone (no pruning): what accuracy-preserving compression tries
+    # first, so that neither study has to come upon it by sampling.
+    for dtype in dict.fromkeys(d for nn in reference_knobs for d in dtypes_for(ctx, nn)):
+        quantized = {f"{nn}.dtype": dtype for nn, k in reference_knobs.items()
+                     if dtype != k.dtype and dtype in dtypes_for(ctx, nn)}
+        if quantized:
+            study.enqueue_trial({**params, **quantized}, skip_if_exists=True)
 
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
         on_done(trial)

@@ -45,7 +45,7 @@ def tiny():
         return model, x, model(x).numpy()
 
 
-@pytest.mark.parametrize("name", ["torch", "torch[channels_last]", "onnxruntime", "tvm"])
+@pytest.mark.parametrize("name", ["torch", "torch[channels_last]", "torch-compile", "onnxruntime", "tvm"])
 def test_backend_matches_eager_and_measures(tiny, name, tmp_path):
     model, x, ref = tiny
     compiled = kernels.get_backend(name, cache_dir=tmp_path).compile(model, [x], Target(threads=1))
@@ -231,3 +231,13 @@ def test_auto_measures_only_the_backends_that_run_the_dtype(tiny, monkeypatch):
     assert tried == ["onnxruntime"] and compiled.backend == "onnxruntime"
     with pytest.raises(kernels.KernelsError, match="none of the backends .* can run this model .*runs on fp8-engine"):
         kernels.compile(model, [x], Target(backend="auto", threads=1), runnable_on=("fp8-engine",))
+
+
+def test_torch_compile_without_a_cxx_compiler_says_what_to_install(monkeypatch):
+    from qaopt.kernels import torch_backends
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(torch_backends.shutil, "which", lambda name: None)
+    reason = kernels.get_backend("torch-compile").unavailable_reason(Target())
+    assert "no compiler" in reason and "g++" in reason and "'onnxruntime'" in reason
+    assert kernels.get_backend("torch-compile").unavailable_reason(Target(device="rpc", rpc=kernels.RPCConfig(port=9190))) is not None

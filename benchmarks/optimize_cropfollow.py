@@ -33,9 +33,12 @@ def main() -> None:
           "(stages below; cached stages cost seconds on a re-run).\n")
     print("| configuration | latency/frame (ms) | speedup vs reference | schedule | heading NN | distance NN |")
     print("|---|---|---|---|---|---|")
-    for name, c in (("reference", r.reference), ("application-agnostic", r.agnostic), ("application-aware", r.aware)):
+    accepted = r.aware is not None and any(v.accepted and v.trial == r.aware.trial for v in r.validations)
+    rows = (("reference", r.reference), ("application-agnostic (not validated)", r.agnostic),
+            (f"application-aware ({'accepted' if accepted else 'not accepted'})", r.aware))
+    for name, c in rows:
         if c is None:
-            print(f"| {name} | — | — | — | none found | |")
+            print(f"| application-aware | — | — | — | no configuration without a failing closed-loop run | |")
             continue
         nns = [f"prune {n.knobs['prune_ratio']:.2f}, {n.knobs['dtype']}, ft {n.knobs['finetune_steps']}, "
                f"L1 {n.error:.3g}, {n.backend} {n.latency_ms:.2f} ms" for n in c.nns.values()]
@@ -47,7 +50,8 @@ def main() -> None:
     print("\n| validated trial | runs | passes | failures | verdict | region said valid |")
     print("|---|---|---|---|---|---|")
     for v in r.validations:
-        print(f"| {v.trial} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} | {v.region_predicted_valid} |")
+        print(f"| {'reference' if v.trial is None else v.trial} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} "
+              f"| {v.region_predicted_valid} |")
     print("\n| stage | seconds |\n|---|---|")
     for stage, seconds in r.seconds.items():
         print(f"| {stage} | {seconds:.0f} |")

@@ -125,7 +125,7 @@ def optimize(
 
     with _stage(console, stages, "closed-loop validation"):
         front = feasible_configurations(studies["aware"])
-        validations, aware = _validate(spec, prof, ctx, front, cache_dir)
+        validations, aware = _validate(spec, prof, ctx, front, cache_dir, reference=reference_config)
         if any(v.failures for v in validations):
             region.save(run_dir / "region.json")  # closed-loop evidence is kept with the region
             region.plot(run_dir / "region.png")
@@ -196,7 +196,8 @@ def _region(spec: AppSpec, prof: Profile, run_dir: Path) -> ErrorRegion:
 
 
 def _validate(
-    spec: AppSpec, prof: Profile, ctx: SearchContext, front: list[Configuration], cache_dir: Path
+    spec: AppSpec, prof: Profile, ctx: SearchContext, front: list[Configuration], cache_dir: Path,
+    reference: Configuration | None = None,
 ) -> tuple[list[Validation], Configuration | None]:
     """Validate the fastest configurations of the aware front; the first accepted one wins.
 
@@ -204,9 +205,10 @@ def _validate(
     point: it is added to the region (source ``closed-loop``), and by monotonicity every
     front configuration with errors at least as large is skipped without spending runs
     on it. When none is accepted at the spec's confidence (a quick profile runs too few
-    runs to prove it), the fastest one that did not fail is reported, unaccepted.
+    runs to prove it), the fastest one with no failing run is reported, unaccepted. When
+    none is even that, the ``reference`` configuration is validated too, so the report
+    can tell an application that fails with any approximation from one that fails anyway.
     """
-    evaluator = None
     validations: list[Validation] = []
     chosen = fallback = None
     for config in front:
@@ -214,20 +216,7 @@ def _validate(
             break
         if not ctx.region.contains(config.errors):
             continue  # ruled out by an earlier closed-loop failure
-        key = content_hash("validation", {n: c.candidate for n, c in config.nns.items()}, prof.validation_runs,
-                           spec.content_hash("evaluator", "qos"), VALIDATION_SEED_BASE)
-        cached = cache_dir / "optimize" / "validation" / f"{key}.json"
-        if cached.exists():
-            validation = Validation.model_validate_json(cached.read_text())
-        else:
-            evaluator = evaluator or make_evaluator(spec)
-            candidates = {n: _candidate(ctx, n, c.knobs) for n, c in config.nns.items()}
-            validation = validate_closed_loop(
-                evaluator, {n: c.predict for n, c in candidates.items()}, spec, prof.validation_runs,
-                trial=config.trial, region_predicted_valid=config.in_region, threads=ctx.target.threads or 1,
-            )
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(validation.model_dump_json())
+        validation = _validation(spec, prof, ctx, config, cache_dir)
         validations.append(validation)
         if validation.failures:
             ctx.region.add_evidence(Evidence(config.errors, validation.passes, validation.failures, source="closed-loop",
@@ -235,9 +224,29 @@ def _validate(
         if validation.accepted:
             chosen = config
             break
-        if fallback is None and validation.verdict != "invalid":
+        if fallback is None and not validation.failures:
             fallback = config
+    if chosen is None and fallback is None and reference is not None and validations:
+        validations.append(_validation(spec, prof, ctx, reference, cache_dir))
     return validations, chosen or fallback
+
+
+def _validation(spec: AppSpec, prof: Profile, ctx: SearchContext, config: Configuration, cache_dir: Path) -> Validation:
+    """The closed-loop validation of one configuration (cached by its candidates, runs, simulator and goal)."""
+    key = content_hash("validation", {n: c.candidate for n, c in config.nns.items()}, prof.validation_runs,
+                       spec.content_hash("evaluator", "qos"), VALIDATION_SEED_BASE)
+    cached = cache_dir / "optimize" / "validation" / f"{key}.json"
+    if cached.exists():  # the same NNs validated by an earlier run or study: only the labels are this run's
+        return Validation.model_validate_json(cached.read_text()).model_copy(
+            update={"trial": config.trial, "region_predicted_valid": config.in_region})
+    candidates = {n: _candidate(ctx, n, c.knobs) for n, c in config.nns.items()}
+    validation = validate_closed_loop(
+        make_evaluator(spec), {n: c.predict for n, c in candidates.items()}, spec, prof.validation_runs,
+        trial=config.trial, region_predicted_valid=config.in_region, threads=ctx.target.threads or 1,
+    )
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(validation.model_dump_json())
+    return validation
 
 
 def _candidate(ctx: SearchContext, nn: str, knobs: dict[str, Any]) -> Candidate:

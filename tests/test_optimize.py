@@ -248,3 +248,40 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
     assert validated == [1, 3], "the configuration dominating a closed-loop failure must be skipped"
     assert chosen.trial == 3 and not region.contains(dominated.errors)
     assert any(o.source == "closed-loop" for o in region.observations)
+
+
+def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from qaopt.app_spec import load
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.profiles import get_profile
+    from qaopt.result import Validation
+
+    spec_path, result = tiny_run
+    region = ErrorRegion.load(result.region)
+    reference = result.reference.model_copy(update={"trial": None})
+    approximated = result.reference.model_copy(update={
+        "trial": 1, "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-1"}) for n, c in result.reference.nns.items()}})
+    validated = []
+
+    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid, threads):
+        validated.append(trial)
+        fails = int(trial is not None)  # the approximation fails once; the reference never
+        return Validation(trial=trial, runs=runs, passes=runs - fails, failures=fails, verdict="undecided", accepted=False,
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0, totals={})
+
+    monkeypatch.setattr(optimize_module, "validate_closed_loop", fake_validation)
+    monkeypatch.setattr(optimize_module, "_candidate", lambda ctx, nn, knobs: SimpleNamespace(predict=None))
+    monkeypatch.setattr(optimize_module, "make_evaluator", lambda spec: object())
+    ctx = SimpleNamespace(region=region, target=SimpleNamespace(threads=1))
+    validations, chosen = optimize_module._validate(load(spec_path), get_profile("quick"), ctx, [approximated], tmp_path,
+                                                    reference=reference)
+    assert validated == [1, None] and chosen is None, "a configuration that failed a run is never reported as the result"
+    assert [v.trial for v in validations] == [1, None]
+
+    # A second run reads both from the cache, labelled with this run's trial numbers.
+    validated.clear()
+    again, _ = optimize_module._validate(load(spec_path), get_profile("quick"), ctx,
+                                         [approximated.model_copy(update={"trial": 7})], tmp_path, reference=reference)
+    assert validated == [] and [v.trial for v in again] == [7, None]

@@ -218,7 +218,7 @@ def _validate(
             continue  # ruled out by an earlier closed-loop failure
         validation = _validation(spec, prof, ctx, config, cache_dir)
         validations.append(validation)
-        if validation.failures:
+        if validation.failures and not _recorded(ctx.region, config.errors, validation):
             ctx.region.add_evidence(Evidence(config.errors, validation.passes, validation.failures, source="closed-loop",
                                              note=f"trial {config.trial}: the approximated NNs in the loop"))
         if validation.accepted:
@@ -229,6 +229,12 @@ def _validate(
     if chosen is None and fallback is None and reference is not None and validations:
         validations.append(_validation(spec, prof, ctx, reference, cache_dir))
     return validations, chosen or fallback
+
+
+def _recorded(region: ErrorRegion, errors: dict[str, float], validation: Validation) -> bool:
+    """Whether the region already holds these closed-loop runs (a resumed run reads them from the cache)."""
+    return any(o.source == "closed-loop" and dict(o.errors) == dict(errors) and (o.passes, o.failures) ==
+               (validation.passes, validation.failures) for o in region.observations)
 
 
 def _validation(spec: AppSpec, prof: Profile, ctx: SearchContext, config: Configuration, cache_dir: Path) -> Validation:

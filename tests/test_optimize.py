@@ -285,3 +285,4 @@ def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeyp
     again, _ = optimize_module._validate(load(spec_path), get_profile("quick"), ctx,
                                          [approximated.model_copy(update={"trial": 7})], tmp_path, reference=reference)
     assert validated == [] and [v.trial for v in again] == [7, None]
+    assert sum(o.source == "closed-loop" for o in region.observations) == 1, "cached runs are not evidence twice"

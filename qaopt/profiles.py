@@ -49,7 +49,7 @@ PROFILES: dict[str, Profile] = {
         max_prune_steps=2,
         tuning_trials=32,
         validation_runs=50,
-        validate_top=4,
+        validate_top=8,
     ),
 }
 

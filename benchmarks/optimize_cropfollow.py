@@ -47,6 +47,10 @@ def main() -> None:
     if s.aware_over_agnostic is not None:
         print(f"\nApplication-aware over application-agnostic: **{s.aware_over_agnostic:.2f}x** "
               f"(aware {s.aware:.2f}x, agnostic {s.agnostic:.2f}x over the reference).")
+    if r.agnostic_validation is not None:
+        v = r.agnostic_validation
+        print(f"\nThe application-agnostic configuration with its NNs in the loop: {v.passes}/{v.runs} runs passed "
+              f"({v.failures} failed), verdict {v.verdict}.")
     print("\n| validated trial | runs | passes | failures | verdict | region said valid |")
     print("|---|---|---|---|---|---|")
     for v in r.validations:

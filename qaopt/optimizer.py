@@ -129,8 +129,11 @@ def optimize(
         if any(v.failures for v in validations):
             region.save(run_dir / "region.json")  # closed-loop evidence is kept with the region
             region.plot(run_dir / "region.png")
-    agnostic_front = feasible_configurations(studies["agnostic"])
-    agnostic = agnostic_front[0] if agnostic_front else None
+        agnostic_front = feasible_configurations(studies["agnostic"])
+        agnostic = agnostic_front[0] if agnostic_front else None
+        # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
+        # (free when the aware study validated the same NNs).
+        agnostic_validation = _validation(spec, prof, ctx, agnostic, cache_dir) if agnostic is not None else None
 
     with _stage(console, stages, "artifacts and report"):
         artifacts = _export(aware, ctx, run_dir / "artifacts") if aware is not None else {}
@@ -151,6 +154,7 @@ def optimize(
                 aware_over_agnostic=agnostic.latency_ms / aware.latency_ms if aware and agnostic else None,
             ),
             validations=validations,
+            agnostic_validation=agnostic_validation,
             fidelity=sum(matched) / len(matched) if matched else None,
             fidelity_note=_fidelity_note(spec, validations),
             studies={mode: summarize(s) for mode, s in studies.items()},

@@ -107,6 +107,11 @@ def _outcome(result: Result) -> str:
     if s.aware_over_agnostic is not None:
         text += (f" Application-agnostic compression reached {s.agnostic:.2f}x, so application awareness buys "
                  f"{s.aware_over_agnostic:.2f}x more speed on the same backend and machine.")
+    v = result.agnostic_validation
+    if v is not None:
+        text += (f" With its NNs in the loop, the application-agnostic configuration passed {v.passes} of {v.runs} "
+                 f"closed-loop runs ({'accepted' if v.accepted else v.verdict}")
+        text += ")." if v.accepted or not v.failures else "): accuracy-preserving compression did not preserve the QoS goal."
     return text
 
 

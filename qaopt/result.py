@@ -89,6 +89,8 @@ class Result(_Model):
     agnostic_tolerance: float
     speedups: Speedups
     validations: list[Validation]
+    agnostic_validation: Validation | None = Field(
+        None, description="the agnostic configuration run closed-loop too: is accuracy-preserving compression safe here?")
     fidelity: float | None = Field(None, description="share of validated configurations whose closed-loop verdict matched the region")
     fidelity_note: str = ""
     studies: dict[str, StudySummary]

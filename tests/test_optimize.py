@@ -69,7 +69,9 @@ def test_end_to_end_outputs(tiny_run):
     assert result.aware is not None and result.aware.in_region
     assert result.speedups.aware == pytest.approx(result.reference.latency_ms / result.aware.latency_ms)
     assert result.validations and result.validations[0].runs == 6
+    assert result.agnostic_validation is not None and 1 <= result.agnostic_validation.runs <= 6
     report = (run / "report.md").read_text()
+    assert "the application-agnostic configuration passed" in report
     for section in ("## Outcome", "## Error region", "## Closed-loop validation", "## Search", "region.png", "pareto.png"):
         assert section in report
     assert (run / "pareto.png").stat().st_size > 0 and (run / "region.png").stat().st_size > 0

@@ -99,8 +99,7 @@ def _outcome(result: Result) -> str:
     if result.aware is None:
         return ("No application-aware configuration passed closed-loop validation; the reference NNs remain "
                 "the deployable choice. See the validation table for what failed.")
-    accepted = any(v.accepted and v.trial == result.aware.trial for v in result.validations)
-    status = ("accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop" if accepted
+    status = ("accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop" if result.aware_accepted
               else "not yet accepted: its closed-loop runs were too few to prove the goal at the spec's confidence "
                    "(run the default profile)")
     text = f"Application-aware configuration (trial {result.aware.trial}) runs {s.aware:.2f}x faster than the reference; {status}."

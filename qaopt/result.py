@@ -100,6 +100,11 @@ class Result(_Model):
     artifacts: dict[str, dict[str, Path]] = Field(default_factory=dict)
     seconds: dict[str, float] = Field(default_factory=dict, description="wall time of each stage")
 
+    @property
+    def aware_accepted(self) -> bool:
+        """Whether the aware configuration passed closed-loop validation (else it is only the best unrefuted one)."""
+        return self.aware is not None and any(v.accepted and v.trial == self.aware.trial for v in self.validations)
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         tmp = path.with_suffix(".tmp")

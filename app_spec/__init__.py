@@ -6,27 +6,49 @@
 'l1'
 """
 
-from .entrypoints import EntryPointError, load_entry_point
+import importlib
+from typing import TYPE_CHECKING
+
+# The light part is imported now: errors and hashes, which the field log on a robot uses
+# without PyYAML. The spec's loader and schema load on first use (PEP 562), so that
+# `import qaopt.app_spec.errors` never pulls in the YAML loader.
 from .errors import Problem, QaoptError, SpecError
 from .hashing import content_hash, file_hash
-from .loader import load
-from .schema import (
-    AppSpec,
-    Axis,
-    CalibrationSpec,
-    KnobSpace,
-    NNSpec,
-    QoSSpec,
-    TargetSpec,
-)
+
+_LAZY = {
+    "EntryPointError": ".entrypoints",
+    "load_entry_point": ".entrypoints",
+    "load": ".loader",
+    "AppSpec": ".schema",
+    "Axis": ".schema",
+    "CalibrationSpec": ".schema",
+    "NNSpec": ".schema",
+    "PassSections": ".schema",
+    "QoSSpec": ".schema",
+    "TargetSpec": ".schema",
+}
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from .entrypoints import EntryPointError, load_entry_point
+    from .loader import load
+    from .schema import AppSpec, Axis, CalibrationSpec, NNSpec, PassSections, QoSSpec, TargetSpec
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AppSpec",
     "Axis",
     "CalibrationSpec",
     "EntryPointError",
-    "KnobSpace",
     "NNSpec",
+    "PassSections",
     "Problem",
     "QaoptError",
     "QoSSpec",

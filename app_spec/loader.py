@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -135,12 +136,27 @@ def _where(path: Path, positions: dict[Loc, tuple[int, int]], loc: Loc) -> str:
     return str(path)
 
 
-def _problem(path: Path, positions: dict[Loc, tuple[int, int]], err: dict[str, Any]) -> Problem:
+def located_problems(path: Path | None, errors: Iterable[dict[str, Any]], fields: Callable[[Loc], list[str]]) -> list[Problem]:
+    """Problems in a part of the spec that another component validates (an approximation pass's settings).
+
+    ``errors`` are pydantic-style (``loc`` from the spec's root, ``type``, ``msg``, ``input``); each is
+    placed at its line in ``path`` like the loader's own. ``fields(loc)`` names the valid fields of the
+    section at ``loc``, for 'did you mean'.
+    """
+    if path is None or not Path(path).is_file():
+        return [_problem(Path(str(path or "spec")), {}, err, fields) for err in errors]
+    path = Path(path)
+    positions = _parse(_read(path), path)[1]
+    return [_problem(path, positions, err, fields) for err in errors]
+
+
+def _problem(path: Path, positions: dict[Loc, tuple[int, int]], err: dict[str, Any],
+             fields: Callable[[Loc], list[str]] | None = None) -> Problem:
     # pydantic appends validator names (e.g. 'function-after[...]') to locs of annotated types.
     loc: Loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
     kind = err["type"]
     if kind == "extra_forbidden":
-        known = _fields_at(AppSpec, loc[:-1])
+        known = fields(loc[:-1]) if fields is not None else fields_at(AppSpec, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else (f"; valid fields: {', '.join(known)}" if known else "")
         message = f"unknown field{hint}"
@@ -153,7 +169,7 @@ def _problem(path: Path, positions: dict[Loc, tuple[int, int]], err: dict[str, A
     return Problem(_where(path, positions, loc), _dotted(loc), message)
 
 
-def _fields_at(model: type[BaseModel], loc: Loc) -> list[str]:
+def fields_at(model: type[BaseModel], loc: Loc) -> list[str]:
     """Field names of the section at ``loc`` (for 'did you mean'); empty if not a section."""
     annotation: Any = model
     for part in loc:

@@ -24,6 +24,7 @@ from pydantic import (
 
 from .entrypoints import check_syntax
 from .hashing import content_hash
+from .nn_errors import Component, MetricKind, axis_name
 
 EntryPoint = Annotated[str, AfterValidator(check_syntax)]
 """A ``package.module:attribute`` reference to user code."""
@@ -154,11 +155,6 @@ class QoSSpec(Section):
             raise ValueError(f"min ({self.min}) is above max ({self.max}): no run could pass")
         return self
 
-    def passes(self, metrics: dict[str, float]) -> bool:
-        """Whether one run's metrics meet the goal."""
-        value = metrics[self.metric]
-        return (self.max is None or value <= self.max) and (self.min is None or value >= self.min)
-
 
 # ---------------------------------------------------------------- NNs
 
@@ -171,7 +167,7 @@ class NNOutput(Section):
 class ErrorMetric(Section):
     """The NN-level error in the output's unit: what calibration bounds and approx measures."""
 
-    kind: Literal["l1", "rmse", "mse", "max_abs"] = "l1"
+    kind: MetricKind = "l1"
     output: Name
 
 
@@ -206,7 +202,7 @@ class Axis(Section):
     """One dimension of the error space: an NN's error metric, or its bias or sigma."""
 
     nn: Name
-    component: Literal["metric", "bias", "sigma"] = "metric"
+    component: Component = "metric"
     min: float = Field(0.0, ge=0.0)
     max: float = Field(gt=0.0)
 
@@ -219,7 +215,7 @@ class Axis(Section):
     @property
     def key(self) -> str:
         """The axis' name in regions and reports: ``heading`` or ``heading.sigma``."""
-        return self.nn if self.component == "metric" else f"{self.nn}.{self.component}"
+        return axis_name(self.nn, self.component)
 
 
 class CalibrationSpec(Section):
@@ -238,72 +234,13 @@ class CalibrationSpec(Section):
 
 # ---------------------------------------------------------------- approximations
 
+PassSections = dict[Name, dict[str, Any] | None]
+"""One ``approximations.<nn>`` section: approximation pass name -> its settings (``None``: off).
 
-class PruningKnob(Section):
-    """Structured channel pruning (torch-pruning): the searched global ratio range."""
-
-    ratio: tuple[float, float] = (0.0, 0.9)
-    importance: Literal["l1", "taylor"] = "l1"
-    round_to: PositiveInt = 8
-    steps: PositiveInt = 1
-    per_layer: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("ratio")
-    @classmethod
-    def _ratio_range(cls, value: tuple[float, float]) -> tuple[float, float]:
-        lo, hi = value
-        if not (0.0 <= lo <= hi < 1.0):
-            raise ValueError(f"ratio must be [lo, hi] with 0 <= lo <= hi < 1, got [{lo}, {hi}]")
-        return value
-
-    @field_validator("per_layer")
-    @classmethod
-    def _per_layer_range(cls, value: dict[str, float]) -> dict[str, float]:
-        for layer, ratio in value.items():
-            if not 0.0 <= ratio < 1.0:
-                raise ValueError(f"ratio of layer {layer!r} must be in [0, 1), got {ratio}")
-        return value
-
-
-class QuantizationKnob(Section):
-    dtypes: list[Literal["fp32", "bf16", "fp16", "int8"]] = Field(default_factory=lambda: ["fp32"], min_length=1)
-
-
-class FinetuneKnob(Section):
-    """Fine-tuning (distillation from the unpruned NN) budget range, in optimizer steps."""
-
-    steps: tuple[int, int] = (0, 0)
-
-    @field_validator("steps")
-    @classmethod
-    def _steps_range(cls, value: tuple[int, int]) -> tuple[int, int]:
-        lo, hi = value
-        if not 0 <= lo <= hi:
-            raise ValueError(f"steps must be [lo, hi] with 0 <= lo <= hi, got [{lo}, {hi}]")
-        return value
-
-
-class LowRankKnob(Section):
-    """Low-rank factorization of k x k convolutions: the kept share of each layer's full rank (1 = whole)."""
-
-    rank: tuple[float, float] = (0.25, 1.0)
-
-    @field_validator("rank")
-    @classmethod
-    def _rank_range(cls, value: tuple[float, float]) -> tuple[float, float]:
-        lo, hi = value
-        if not (0.0 < lo <= hi <= 1.0):
-            raise ValueError(f"rank must be [lo, hi] with 0 < lo <= hi <= 1, got [{lo}, {hi}]")
-        return value
-
-
-class KnobSpace(Section):
-    """Which approximation knobs are searched for an NN, and over what ranges."""
-
-    pruning: PruningKnob | None = None
-    lowrank: LowRankKnob | None = None
-    quantization: QuantizationKnob | None = None
-    finetune: FinetuneKnob | None = None
+The passes and their settings are declared by :mod:`qaopt.approx`'s registry, which
+app_spec does not import: a section is validated against its pass there, by the
+loader every qaopt command uses (``qaopt.spec.load_spec``).
+"""
 
 
 # ---------------------------------------------------------------- target, search, output
@@ -325,6 +262,9 @@ class RPCSpec(Section):
             raise ValueError("a tracker needs the device 'key' to request")
         return self
 
+    def __str__(self) -> str:
+        return f"tracker {self.host}:{self.port} key '{self.key}'" if self.tracker else f"{self.host}:{self.port}"
+
 
 class TuningSpec(Section):
     trials: int = Field(64, ge=0)
@@ -332,9 +272,16 @@ class TuningSpec(Section):
     database: SpecPath | None = None
 
 
+BACKEND_REF_PATTERN = r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?:\[(?P<variant>[A-Za-z0-9_.=-]+)\])?$"
+"""A backend reference: a name, optionally a variant in brackets. Whether it is registered is
+checked by :meth:`qaopt.kernels.Target.from_spec` (this package cannot see the registry)."""
+
+
 class TargetSpec(Section):
     device: Literal["cpu", "cuda", "rpc"] = "cpu"
-    backend: Literal["tvm", "torch", "torch-compile", "onnxruntime", "auto"] = "auto"
+    backend: str = Field("auto", pattern=BACKEND_REF_PATTERN, description=(
+        "a registered backend (torch, torch-compile, tvm, onnxruntime, auto, or one added with "
+        "qaopt.kernels.register_backend), with an optional variant in brackets, e.g. torch[channels_last]"))
     threads: PositiveInt | None = None
     mcpu: str | None = Field(None, description="LLVM CPU for TVM; default: this host's")
     mtriple: str | None = Field(None, description="LLVM target triple when cross-compiling, e.g. aarch64-linux-gnu")
@@ -376,7 +323,7 @@ class AppSpec(Section):
     qos: QoSSpec
     nns: dict[Name, NNSpec] = Field(min_length=1)
     calibration: CalibrationSpec
-    approximations: dict[str, KnobSpace] = Field(default_factory=dict)
+    approximations: dict[str, PassSections] = Field(default_factory=dict)
     target: TargetSpec = Field(default_factory=TargetSpec)
     search: SearchSpec = Field(default_factory=SearchSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
@@ -384,7 +331,7 @@ class AppSpec(Section):
 
     @field_validator("approximations")
     @classmethod
-    def _approximation_keys(cls, value: dict[str, KnobSpace], info: ValidationInfo) -> dict[str, KnobSpace]:
+    def _approximation_keys(cls, value: dict[str, PassSections], info: ValidationInfo) -> dict[str, PassSections]:
         nns = info.data.get("nns") or {}
         for key in value:
             if key != "all" and key not in nns:
@@ -400,9 +347,9 @@ class AppSpec(Section):
                 )
         return self
 
-    def knobs_for(self, nn: str) -> KnobSpace:
-        """The knob space searched for ``nn``: its own section, else ``all``, else nothing."""
-        return self.approximations.get(nn) or self.approximations.get("all") or KnobSpace()
+    def knobs_for(self, nn: str) -> PassSections:
+        """The approximations searched for ``nn``: its own section, else ``all``, else none."""
+        return self.approximations[nn] if nn in self.approximations else self.approximations.get("all", {})
 
     def content_hash(self, *sections: str) -> str:
         """Hash of the named sections (all but ``output`` by default): the key of cached results.

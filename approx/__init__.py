@@ -1,34 +1,67 @@
-"""Approximation knobs: build candidate NNs (pruned, fine-tuned, quantized) and measure them.
+"""Approximation passes: build candidate NNs (pruned, factorized, fine-tuned, quantized) and measure them.
 
 The whole API::
 
     nn = TargetNN.from_spec("heading", spec.nns["heading"])   # or TargetNN(name, model, data, input_shape, metric)
-    cand = build(nn, Knobs(prune_ratio=0.5, prune_steps=4, finetune_steps=400, dtype="int8"), cache_dir=...)
+    cand = build(nn, Knobs(prune_ratio=0.5, prune_steps=4, finetune_steps=400, dtype="int8"),
+                 cache_dir=..., onnx=qaopt.kernels.onnx)
     cand.error, cand.residuals, cand.macs, cand.params, cand.runnable_on, cand.module, cand.onnx_path
 
-    for cand in sweep(nn, knobs_from_space(spec.knobs_for("heading")), "prune_ratio", [0, 0.5, 0.9]): ...
+    space = KnobSpace.from_section(spec.knobs_for("heading"), SearchLimits(max_finetune_steps=160))
+    knobs = space.sample(optuna_trial, "heading")                # one trial's knobs, pass by pass
+    describe(knobs)                                              # {"prune ratio": "0.50", "dtype": "int8", ...}
+    for cand in sweep(nn, space.base(), "prune_ratio", [0, 0.5, 0.9]): ...
+
+Which knobs exist is declared by the registered passes (:mod:`qaopt.approx.passes`, whose
+``passes()`` lists them; ``qaopt.approx.passes`` itself is that module).
+Names are loaded on first use, so reading a spec's knob space never imports torch.
 """
 
-from .build import build
-from .candidate import Candidate
-from .errors import ApproxError
-from .finetune import FinetuneRecipe
-from .knobs import RUNNABLE_ON, Dtype, Knobs, check_backend
-from .sweep import knobs_from_space, sweep
-from .target import ErrorMetric, NNData, TargetNN
+from __future__ import annotations
 
-__all__ = [
-    "RUNNABLE_ON",
-    "ApproxError",
-    "Candidate",
-    "Dtype",
-    "ErrorMetric",
-    "FinetuneRecipe",
-    "Knobs",
-    "NNData",
-    "TargetNN",
-    "build",
-    "check_backend",
-    "knobs_from_space",
-    "sweep",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ApproxError": ".errors",
+    "ApproximationPass": ".passes",
+    "BuildContext": ".passes",
+    "OnnxToolchain": ".passes",
+    "PassConfig": ".passes",
+    "PassKnobs": ".passes",
+    "SearchLimits": ".passes",
+    "get_pass": ".passes",
+    "register_pass": ".passes",
+    "unregister_pass": ".passes",
+    "Dtype": ".passes.quantization",
+    "DTYPES": ".passes.quantization",
+    "RUNNABLE_ON": ".passes.quantization",
+    "Knobs": ".knobs",
+    "describe": ".knobs",
+    "knob_names": ".knobs",
+    "KnobSpace": ".space",
+    "canonical_section": ".space",
+    "section_fields": ".space",
+    "validate_section": ".space",
+    "build": ".build",
+    "Candidate": ".candidate",
+    "FinetuneRecipe": ".finetune",
+    "sweep": ".sweep",
+    "ErrorMetric": ".target",
+    "NNData": ".target",
+    "TargetNN": ".target",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

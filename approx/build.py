@@ -2,8 +2,10 @@
 
 A candidate is a pure function of (base weights, data, knobs, fine-tuning recipe,
 seed), so it is built once, stored under the hash of all of them, and reused by
-every later run. The float stage (pruning + fine-tuning) is stored apart from the
-dtype stage, so trying int8 or bf16 on a pruned NN never prunes it again.
+every later run. The registered passes do the work: the ``float`` passes (pruning,
+factorization, fine-tuning) make the fp32 model, stored apart from what the
+``export`` passes (quantization) make of it, so trying int8 or bf16 on a pruned NN
+never prunes it again.
 """
 
 from __future__ import annotations
@@ -23,17 +25,13 @@ from qaopt.app_spec.hashing import content_hash
 from .cache import Store
 from .candidate import Candidate
 from .finetune import Distiller, FinetuneRecipe
-from .knobs import Knobs, check_backend
-from .lowrank import factorize
-from .pruning import output_heads, prune
-from .quantize import cast, ort_session, predict_onnx, predict_torch, quantize_int8
+from .knobs import Knobs
+from .passes import BuildContext, OnnxToolchain, Runnable, passes
+from .quantize import predict_onnx, predict_torch
 from .target import TargetNN
 
 FORMAT = 1
 """Bumped when what a cache entry means changes, so old entries are never misread."""
-
-CALIBRATION_SAMPLES = 64
-"""Training images int8 calibration reads (ONNX Runtime MinMax ranges settle well before this)."""
 
 Progress = Callable[[str], None]
 
@@ -45,6 +43,7 @@ def build(
     cache_dir: str | Path | None = None,
     recipe: FinetuneRecipe = FinetuneRecipe(),
     backend: str | None = None,
+    onnx: OnnxToolchain | None = None,
     device: str = "cpu",
     progress: Progress = lambda message: None,
 ) -> Candidate:
@@ -52,33 +51,29 @@ def build(
 
     ``backend`` (optional) is the backend the candidate must run on: asking int8 of
     a backend without integer kernels fails at once, before anything is built.
+    ``onnx`` exports and runs ONNX graphs (``qaopt.kernels.onnx``); int8 needs it.
     ``device`` is where fine-tuning runs (``"cuda"`` if there is one); it is not part
     of the cache key, so a candidate fine-tuned on a GPU serves a CPU-only run.
     ``progress`` receives one line per stage, for progress displays.
     """
-    knobs.check(nn_.name)
-    if backend is not None:
-        check_backend(nn_.name, knobs, backend)
+    knobs.check(nn_.name, backend)
     store = Store(cache_dir)
     key = content_hash("approx.candidate", FORMAT, nn_.fingerprint, knobs.identity(), recipe.as_dict())
     with store.lock(key):
         folder = store.entry("candidates", key)
-        if folder is not None:
-            return _load(store, folder, nn_.name, knobs)
+        meta = store.load_meta(folder)
+        if meta is not None:
+            return _load(store, folder, meta, nn_.name, knobs, onnx)
         start = time.perf_counter()
-        float_key, model = _float_model(nn_, knobs, recipe, store, device, progress)
+        ctx = _context(nn_, knobs, recipe, store, device, onnx, progress)
+        float_key, model = _float_model(nn_, knobs, recipe, store, ctx)
         d = nn_.data
         with store.writing("candidates", key) as tmp:
-            if knobs.dtype == "int8":
-                progress("quantizing to int8 (ONNX Runtime, static QDQ)")
-                rng = np.random.default_rng(knobs.seed)
-                calib = d.x_train[np.sort(rng.choice(len(d.x_train), min(CALIBRATION_SAMPLES, len(d.x_train)), replace=False))]
-                quantize_int8(model, nn_.example_input, calib, tmp / "model.int8.onnx", nn_.name)
-                progress("measuring the error metric")
-                pred = predict_onnx(ort_session(tmp / "model.int8.onnx"), d.x_val)
-            else:
-                progress("measuring the error metric")
-                pred = predict_torch(cast(copy.deepcopy(model), knobs.dtype), d.x_val)
+            runnable = Runnable(copy.deepcopy(model))
+            for p in passes("export"):
+                runnable = p.export(runnable, knobs, ctx, tmp)
+            progress("measuring the error metric")
+            pred = _predict(runnable, onnx, d.x_val)
             macs, params = tp.utils.count_ops_and_params(model, nn_.example_input)
             meta = {
                 "nn": nn_.name,
@@ -91,21 +86,29 @@ def build(
                 "build_seconds": time.perf_counter() - start,
             }
             np.savez(tmp / "residuals.npz", *nn_.metric.residuals(pred, d.y_val, d.val_sequences))
-            store.save_json(meta, tmp / "candidate.json")
-        return _load(store, store.entry("candidates", key), nn_.name, knobs, from_cache=False)
+            store.save_meta(meta, tmp)
+        return _load(store, store.entry("candidates", key), meta, nn_.name, knobs, onnx, from_cache=False)
 
 
-def _load(store: Store, folder: Path, nn_name: str, knobs: Knobs, from_cache: bool = True) -> Candidate:
-    meta = store.load_json(folder / "candidate.json")
+def _predict(runnable: Runnable, onnx: OnnxToolchain | None, x: np.ndarray) -> np.ndarray:
+    if runnable.onnx_path is not None:
+        return predict_onnx(onnx.ort_session(runnable.onnx_path), x)
+    return predict_torch(runnable.module, x)
+
+
+def _load(store: Store, folder: Path, meta: dict, nn_name: str, knobs: Knobs, onnx: OnnxToolchain | None,
+          from_cache: bool = True) -> Candidate:
     with np.load(folder / "residuals.npz") as npz:
         residuals = tuple(npz[f"arr_{i}"] for i in range(len(npz.files)))
-    onnx = folder / "model.int8.onnx"
+    runnable = Runnable(store.load_module(store.entry("float", meta["float_key"])))
+    for p in passes("export"):
+        runnable = p.restore(runnable, knobs, folder)
     return Candidate(
         nn=nn_name,
         knobs=knobs,
         key=folder.name,
-        module=cast(store.load_module(store.entry("float", meta["float_key"])), knobs.dtype),
-        onnx_path=onnx if onnx.exists() else None,
+        module=runnable.module,
+        onnx_path=runnable.onnx_path,
         runnable_on=knobs.runnable_on,
         metric=meta["metric"],
         error=meta["error"],
@@ -114,13 +117,19 @@ def _load(store: Store, folder: Path, nn_name: str, knobs: Knobs, from_cache: bo
         params=meta["params"],
         build_seconds=meta["build_seconds"],
         from_cache=from_cache,
+        onnx=onnx,
     )
 
 
-def _float_model(
-    nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, device: str, progress: Progress
-) -> tuple[str, nn.Module]:
-    """The pruned, fine-tuned fp32 module (cached apart from the dtype stage)."""
+def _context(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, device: str,
+             onnx: OnnxToolchain | None, progress: Progress) -> BuildContext:
+    distiller = Distiller(nn_.data.x_train, nn_.data.y_train, lambda: _teacher_outputs(nn_, store), recipe, knobs.seed, device)
+    phases = sum(p.damage_phases(knobs) for p in passes("float"))
+    return BuildContext(nn=nn_, knobs=knobs, distiller=distiller, progress=progress, phases=phases, onnx=onnx)
+
+
+def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, ctx: BuildContext) -> tuple[str, nn.Module]:
+    """The fp32 module the float passes make (cached apart from the export stage)."""
     key = content_hash("approx.float", FORMAT, nn_.fingerprint, knobs.float_part(), recipe.as_dict())
     with store.lock(key):
         folder = store.entry("float", key)
@@ -128,29 +137,11 @@ def _float_model(
             return key, store.load_module(folder)
         torch.manual_seed(knobs.seed)
         model = copy.deepcopy(nn_.model).float().eval()
-        d = nn_.data
-        distiller = Distiller(d.x_train, d.y_train, lambda: _teacher_outputs(nn_, store), recipe, knobs.seed, device)
-        # The fine-tuning budget is shared evenly by the phases that damage the NN.
-        phases = (knobs.prune_steps if knobs.prunes else 0) + knobs.factorizes
-        total = knobs.finetune_steps
-        shares = iter([total * (i + 1) // max(phases, 1) - total * i // max(phases, 1) for i in range(max(phases, 1))])
-        if knobs.prunes:
-
-            def after_step(step: int) -> None:
-                steps = next(shares)
-                progress(f"pruning step {step + 1}/{knobs.prune_steps}: fine-tuning {steps} steps")
-                distiller.run(model, steps)
-
-            progress(f"pruning {knobs.prune_ratio:.0%} of channels in {knobs.prune_steps} step(s)")
-            prune(model, nn_.example_input, knobs, nn_.name, after_step=after_step, taylor_loss=lambda: distiller.loss(model, distiller.batch()))
-        if knobs.factorizes:
-            count = factorize(model, knobs.rank_ratio, knobs.round_to, keep=output_heads(model, nn_.example_input))
-            steps = next(shares)
-            progress(f"factorized {count} convolutions at rank ratio {knobs.rank_ratio}: fine-tuning {steps} steps")
-            distiller.run(model, steps)
-        if not phases and total:
-            progress(f"fine-tuning {total} steps")
-            distiller.run(model, total)
+        float_passes = passes("float")
+        for p in float_passes:
+            p.prepare(knobs, ctx)
+        for p in float_passes:
+            model = p.apply(model, knobs, ctx)
         with store.writing("float", key) as tmp:
             store.save_module(model, tmp)
         return key, model

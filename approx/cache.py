@@ -1,40 +1,37 @@
 """The on-disk store of built candidates, keyed by content hash.
 
-Layout under ``<cache_dir>/approx/``: ``float/<key>/`` holds a pruned, fine-tuned
-fp32 module (shared by the fp32, bf16, fp16 and int8 candidates made from it),
-``candidates/<key>/`` a candidate's metrics, residuals and int8 ONNX file,
-``teacher/<key>.npy`` the base NN's outputs on its training data. Entries are
-written to a temporary folder and renamed into place, so a killed run leaves no
-half-written entry; a lock per key stops two processes from building the same
-candidate twice.
+Layout under ``<cache root>/approx/`` (the root is :func:`qaopt.app_spec.store.cache_root`'s):
+``float/<key>/`` holds a pruned, fine-tuned fp32 module (shared by the fp32, bf16,
+fp16 and int8 candidates made from it), ``candidates/<key>/`` a candidate's metrics
+(a versioned ``candidate.json``), residuals and int8 ONNX file, ``teacher/<key>.npy``
+the base NN's outputs on its training data. Entries are written to a temporary
+folder and renamed into place, so a killed run leaves no half-written entry; a
+lock per key stops two processes from building the same candidate twice.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from filelock import FileLock
 from torch import nn
 
-DEFAULT_CACHE_DIR = ".qaopt-cache"
+from qaopt.app_spec.store import atomic_path, cache_root, read_json, write_json
 
-
-def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
-    """``cache_dir`` if given, else ``$QAOPT_CACHE_DIR``, else ``.qaopt-cache``."""
-    return Path(cache_dir or os.environ.get("QAOPT_CACHE_DIR") or DEFAULT_CACHE_DIR)
+META_KIND, META_VERSION = "approx.candidate", 1
 
 
 class Store:
     def __init__(self, cache_dir: str | Path | None):
-        self.root = resolve_cache_dir(cache_dir) / "approx"
+        self.root = cache_root(cache_dir) / "approx"
         for sub in ("float", "candidates", "teacher", "locks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -49,10 +46,14 @@ class Store:
 
     @contextlib.contextmanager
     def writing(self, kind: str, key: str) -> Iterator[Path]:
-        """A fresh folder to fill; it becomes ``<kind>/<key>`` only if the block ends without error."""
+        """A fresh folder to fill; it becomes ``<kind>/<key>`` only if the block ends without error.
+
+        A stale entry (one written in an older format) is replaced; callers hold the key's lock.
+        """
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.root / kind))
         try:
             yield tmp
+            shutil.rmtree(self.root / kind / key, ignore_errors=True)
             os.replace(tmp, self.root / kind / key)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -68,18 +69,18 @@ class Store:
         return torch.load(folder / "model.pt", map_location="cpu", weights_only=False).eval()
 
     @staticmethod
-    def save_json(data: dict, path: Path) -> None:
-        path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    def save_meta(meta: dict[str, Any], folder: Path) -> None:
+        write_json(folder / "candidate.json", META_KIND, META_VERSION, meta)
 
     @staticmethod
-    def load_json(path: Path) -> dict:
-        return json.loads(path.read_text())
+    def load_meta(folder: Path | None) -> dict[str, Any] | None:
+        """A candidate's metrics, or ``None`` when there is no entry or it is of another format (then it is rebuilt)."""
+        return None if folder is None else read_json(folder / "candidate.json", META_KIND, META_VERSION)
 
     def teacher_outputs(self, key: str) -> np.ndarray | None:
         path = self.root / "teacher" / f"{key}.npy"
         return np.load(path) if path.exists() else None
 
     def save_teacher_outputs(self, key: str, outputs: np.ndarray) -> None:
-        tmp = self.root / "teacher" / f".{key}.{os.getpid()}.npy"
-        np.save(tmp, outputs)
-        os.replace(tmp, self.root / "teacher" / f"{key}.npy")
+        with atomic_path(self.root / "teacher" / f"{key}.npy") as tmp, open(tmp, "wb") as f:
+            np.save(f, outputs)

@@ -10,7 +10,8 @@ import numpy as np
 from torch import nn
 
 from .knobs import Knobs
-from .quantize import ort_session, predict_onnx, predict_torch
+from .passes import OnnxToolchain
+from .quantize import predict_onnx, predict_torch
 
 
 @dataclass(frozen=True, eq=False)
@@ -20,13 +21,13 @@ class Candidate:
     ``module`` is the pruned, fine-tuned torch module in the knobs' float dtype
     (fp32 for int8: the module the int8 graph was quantized from, for backends
     that import torch). ``onnx_path`` is the int8 QDQ ONNX file when the dtype is
-    int8, else ``None``. ``runnable_on`` names the backends (as in the spec's
-    ``target.backend``) with kernels for this candidate. ``error`` is the NN's
-    error metric (``metric``, in the output's unit) on its validation data, and
-    ``residuals`` are the signed errors along each validation drive, in time
-    order. MACs and parameters are counted on the pruned model: reported beside
-    latency, never in its place. ``key`` is the content hash the candidate is
-    cached under.
+    int8, else ``None``; ``onnx`` is the toolchain that opens it. ``runnable_on``
+    names the backends (as in the spec's ``target.backend``) with kernels for this
+    candidate. ``error`` is the NN's error metric (``metric``, in the output's unit)
+    on its validation data, and ``residuals`` are the signed errors along each
+    validation drive, in time order. MACs and parameters are counted on the pruned
+    model: reported beside latency, never in its place. ``key`` is the content hash
+    the candidate is cached under.
     """
 
     nn: str
@@ -42,6 +43,7 @@ class Candidate:
     params: int
     build_seconds: float
     from_cache: bool
+    onnx: OnnxToolchain | None = None
 
     @property
     def dtype(self) -> str:
@@ -49,7 +51,9 @@ class Candidate:
 
     @cached_property
     def _session(self):
-        return ort_session(self.onnx_path)
+        if self.onnx is None:
+            raise RuntimeError(f"candidate {self.key} of NN {self.nn!r} runs as ONNX but was loaded without an ONNX toolchain")
+        return self.onnx.ort_session(self.onnx_path)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The candidate's outputs for a batch of inputs, computed in its own dtype."""

@@ -16,7 +16,6 @@ import torch_pruning as tp
 from torch import nn
 
 from .errors import ApproxError
-from .knobs import Knobs
 
 _PRUNABLE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
@@ -62,7 +61,7 @@ def kept_channels(channels: int, ratio: float, round_to: int) -> int:
     return min(channels, max(round_to, kept))
 
 
-def _layer_ratios(model: nn.Module, heads: list[nn.Module], knobs: Knobs, nn_name: str) -> dict[nn.Module, float]:
+def _layer_ratios(model: nn.Module, heads: list[nn.Module], knobs, nn_name: str) -> dict[nn.Module, float]:
     """Per-layer ratios for torch-pruning that land exactly on the rounded kept counts."""
     modules = dict(model.named_modules())
     ratios = {m: knobs.prune_ratio for m in modules.values() if isinstance(m, _PRUNABLE)}
@@ -91,7 +90,7 @@ def _layer_ratios(model: nn.Module, heads: list[nn.Module], knobs: Knobs, nn_nam
 def prune(
     model: nn.Module,
     example: torch.Tensor,
-    knobs: Knobs,
+    knobs,
     nn_name: str,
     *,
     after_step: Callable[[int], None] = lambda step: None,

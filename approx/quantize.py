@@ -1,50 +1,25 @@
-"""Quantization: the dtype a candidate runs in, through a backend with kernels for it.
+"""The torch and ONNX Runtime code of the quantization pass (:mod:`qaopt.approx.passes.quantization`).
 
-int8 is post-training static quantization with ONNX Runtime (QDQ graph, uint8
-activations, int8 per-channel weights, calibrated on training images): on this
-CPU it is the route that runs VNNI integer kernels (docs/quantization.md has the
-measurements behind that choice). bf16 and fp16 are casts of the torch module,
-run by torch.
+The ONNX export and the ONNX Runtime sessions come from an injected
+:class:`~qaopt.approx.OnnxToolchain` (``qaopt.kernels.onnx``): approx never owns a second exporter.
 """
 
 from __future__ import annotations
 
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import torch
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 from torch import nn
 
 from .errors import ApproxError
+from .passes.base import OnnxToolchain
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-INPUT, OUTPUT = "input", "output"
-
-
-def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, nn_name: str) -> Path:
-    """Export a float module to ONNX with a dynamic batch dimension."""
-    try:
-        with warnings.catch_warnings():
-            # The TorchScript exporter is deprecated, but its graphs are what ORT's quantizer handles best.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(
-                model.eval(),
-                (example,),
-                str(path),
-                dynamo=False,
-                opset_version=17,
-                input_names=[INPUT],
-                output_names=[OUTPUT],
-                dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}},
-            )
-    except Exception as exc:  # the exporter raises many types; all mean the same to a user
-        raise ApproxError(nn_name, "dtype", f"int8 needs an ONNX export of the model, which failed: {exc}") from exc
-    return path
+INPUT = "input"
+"""The input name of every ONNX graph the toolchain exports."""
 
 
 class CalibrationBatches(CalibrationDataReader):
@@ -58,10 +33,16 @@ class CalibrationBatches(CalibrationDataReader):
         return None if chunk is None else {INPUT: chunk}
 
 
-def quantize_int8(model: nn.Module, example: torch.Tensor, calibration: np.ndarray, path: Path, nn_name: str) -> Path:
+def quantize_int8(
+    model: nn.Module, example: torch.Tensor, calibration: np.ndarray, path: Path, nn_name: str, onnx: OnnxToolchain
+) -> Path:
     """Write ``model`` as a statically quantized int8 ONNX (QDQ) file at ``path``."""
     with tempfile.TemporaryDirectory() as tmp:
-        fp32 = export_onnx(model, example, Path(tmp) / "fp32.onnx", nn_name)
+        fp32 = Path(tmp) / "fp32.onnx"
+        try:
+            onnx.export_onnx(model.eval(), [example], fp32)
+        except Exception as exc:  # the exporter raises many types; all mean the same to a user
+            raise ApproxError(nn_name, "dtype", f"int8 needs an ONNX export of the model, which failed: {exc}") from exc
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(fp32), str(prepared))
         quantize_static(
@@ -76,20 +57,9 @@ def quantize_int8(model: nn.Module, example: torch.Tensor, calibration: np.ndarr
     return path
 
 
-def ort_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    # ORT's pool threads spin after each run by default, stealing the cores from the
-    # rest of the application (and from the other NN); they sleep instead.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def cast(model: nn.Module, dtype: str) -> nn.Module:
-    """The module in a float dtype (int8 keeps the fp32 module it was quantized from)."""
-    return model.to(TORCH_DTYPES.get(dtype, torch.float32)).eval()
+def cast(model: nn.Module, torch_dtype: str | None) -> nn.Module:
+    """The module in a float dtype by torch name (``None`` keeps fp32: int8 keeps the module it was quantized from)."""
+    return model.to(getattr(torch, torch_dtype or "float32")).eval()
 
 
 def predict_torch(model: nn.Module, x: np.ndarray, batch: int = 32) -> np.ndarray:
@@ -103,7 +73,7 @@ def predict_torch(model: nn.Module, x: np.ndarray, batch: int = 32) -> np.ndarra
     return np.concatenate(outs)
 
 
-def predict_onnx(session: ort.InferenceSession, x: np.ndarray, batch: int = 32) -> np.ndarray:
+def predict_onnx(session, x: np.ndarray, batch: int = 32) -> np.ndarray:
     outs = [
         session.run(None, {INPUT: np.ascontiguousarray(x[i : i + batch], dtype=np.float32)})[0]
         for i in range(0, len(x), batch)

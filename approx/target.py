@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -19,12 +19,10 @@ from torch import nn
 from qaopt.app_spec.entrypoints import load_entry_point
 from qaopt.app_spec.errors import QaoptError
 from qaopt.app_spec.hashing import content_hash
+from qaopt.app_spec.nn_errors import MetricKind, error_metric, residuals
 
 if TYPE_CHECKING:
     from qaopt.app_spec.schema import NNSpec
-
-MetricKind = Literal["l1", "rmse", "mse", "max_abs"]
-
 
 @runtime_checkable
 class NNData(Protocol):
@@ -50,24 +48,17 @@ class NNData(Protocol):
 
 @dataclass(frozen=True)
 class ErrorMetric:
-    """How the NN's error is measured: ``kind`` over output column ``column``."""
+    """How the NN's error is measured: ``kind`` over output column ``column`` (see :mod:`qaopt.app_spec.nn_errors`)."""
 
     kind: MetricKind = "l1"
     column: int = 0
 
     def __call__(self, pred: np.ndarray, truth: np.ndarray) -> float:
-        diff = pred[:, self.column].astype(np.float64) - truth[:, self.column].astype(np.float64)
-        if self.kind == "l1":
-            return float(np.mean(np.abs(diff)))
-        if self.kind == "mse":
-            return float(np.mean(diff**2))
-        if self.kind == "rmse":
-            return float(np.sqrt(np.mean(diff**2)))
-        return float(np.max(np.abs(diff)))
+        return error_metric(self.kind, residuals(pred, truth, self.column))
 
     def residuals(self, pred: np.ndarray, truth: np.ndarray, sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
-        """Signed errors (prediction - truth) of the metric's output, one array per drive."""
-        diff = (pred[:, self.column] - truth[:, self.column]).astype(np.float32)
+        """Signed errors (prediction - truth) of the metric's output, one float32 array per drive."""
+        diff = residuals(pred, truth, self.column).astype(np.float32)
         return tuple(diff[np.asarray(s)] for s in sequences)
 
 

@@ -28,8 +28,9 @@ from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 from torch import nn
 
-from qaopt.approx.latency import interleaved_ms, torch_threads
-from qaopt.approx.quantize import INPUT, CalibrationBatches, export_onnx, ort_session
+from qaopt.kernels import Protocol, measure_interleaved, torch_threads
+from qaopt.approx.quantize import INPUT, CalibrationBatches
+from qaopt.kernels.onnx import export_onnx, ort_session
 
 from approx_navnet import navnet_like
 
@@ -81,7 +82,7 @@ def pt2e_route(model: nn.Module, example: torch.Tensor, calib: np.ndarray) -> Ru
 
 
 def onnx_routes(model: nn.Module, example: torch.Tensor, calib: np.ndarray, folder: Path, threads: int) -> dict[str, Run]:
-    fp32 = export_onnx(model, example, folder / "fp32.onnx", "bench")
+    fp32 = export_onnx(model, [example], folder / "fp32.onnx")
     prepared = folder / "prepared.onnx"
     quant_pre_process(str(fp32), str(prepared))
     files = {"ONNX Runtime fp32": fp32}
@@ -160,7 +161,10 @@ def main() -> None:
                 run(x)  # the first call compiles where the route compiles
                 first[name] = time.perf_counter() - t0
                 build_s[name] = build_s.get(name, 0.0) + first[name]
-            times = interleaved_ms({name: (lambda run=run: run(x)) for name, run in routes.items()}, args.repeat, args.rounds)
+            measured = measure_interleaved({name: (lambda run=run: run(x)) for name, run in routes.items()}, rounds=args.rounds,
+                                           protocol=Protocol(warmup=2, repeats=max(3, args.repeat // args.rounds)),
+                                           threads=args.threads)
+            times = {name: m.median_ms for name, m in measured.items()}
             errors = {}
             if data is not None:
                 n = min(args.val, len(data.x_val))

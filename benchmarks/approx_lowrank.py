@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from qaopt.app_spec import load
+from qaopt import kernels
 from qaopt.approx import FinetuneRecipe, Knobs, build
 
 from approx_sweep import spec_target, timings
@@ -48,7 +49,8 @@ def main() -> None:
                 damaged = ratio > 0 or rank < 1
                 knobs = Knobs(prune_ratio=ratio, rank_ratio=rank, prune_steps=args.prune_steps if ratio else 1,
                               finetune_steps=args.finetune_steps if damaged else 0)
-                cands[(ratio, rank)] = build(target, knobs, cache_dir=args.cache_dir, recipe=recipe, device=args.device)
+                cands[(ratio, rank)] = build(target, knobs, cache_dir=args.cache_dir, recipe=recipe, device=args.device,
+                                             onnx=kernels.onnx)
         if args.build_only:
             print(name, {k: round(c.error, 4) for k, c in cands.items()})
             continue

@@ -25,8 +25,9 @@ import torch
 from qaopt.app_spec import content_hash, load
 from qaopt.app_spec.errors import QaoptError
 from qaopt.approx import FinetuneRecipe, Knobs, TargetNN, build
-from qaopt.approx.latency import interleaved_ms, torch_threads
-from qaopt.approx.quantize import INPUT, export_onnx, ort_session
+from qaopt.kernels import Protocol, measure_interleaved, torch_threads
+from qaopt.kernels.onnx import INPUT_NAME as INPUT, export_onnx, ort_session
+from qaopt.kernels import onnx as onnx_toolchain
 
 from approx_navnet import stand_in
 
@@ -61,14 +62,16 @@ def timings(cands: dict[tuple[float, str], object], shape: tuple[int, ...], thre
         if dtype == "int8":
             session = ort_session(cand.onnx_path, threads)
             runs[(ratio, "ORT int8")] = lambda s=session: s.run(None, {INPUT: x})
-            fp32 = export_onnx(cands[(ratio, "fp32")].module, torch.zeros(shape), folder / f"{ratio}.onnx", cand.nn)
+            fp32 = export_onnx(cands[(ratio, "fp32")].module, [torch.zeros(shape)], folder / f"{ratio}.onnx")
             session32 = ort_session(fp32, threads)
             runs[(ratio, "ORT fp32")] = lambda s=session32: s.run(None, {INPUT: x})
         else:
             xt = torch.from_numpy(x).to(next(cand.module.parameters()).dtype)
             runs[(ratio, f"torch {dtype}")] = lambda m=cand.module, xt=xt: m(xt)
     with torch_threads(threads), torch.inference_mode():
-        return interleaved_ms(runs, repeat, rounds)
+        measured = measure_interleaved(runs, rounds=rounds, protocol=Protocol(warmup=2, repeats=max(3, repeat // rounds)),
+                                       threads=threads)
+        return {key: m.median_ms for key, m in measured.items()}
 
 
 def main() -> None:
@@ -108,7 +111,7 @@ def main() -> None:
             for dtype in ["fp32", *[d for d in dtypes if d != "fp32"]]:
                 knobs = Knobs(prune_ratio=ratio, prune_steps=args.prune_steps if ratio else 1, finetune_steps=args.finetune_steps if ratio else 0, dtype=dtype)
                 t0 = time.perf_counter()
-                cand = build(target, knobs, cache_dir=args.cache_dir, recipe=recipe, device=args.device, progress=lambda m, n=target.name, r=ratio, d=dtype: print(f"<!-- {n} {r} {d}: {m} -->", flush=True))
+                cand = build(target, knobs, cache_dir=args.cache_dir, recipe=recipe, device=args.device, onnx=onnx_toolchain, progress=lambda m, n=target.name, r=ratio, d=dtype: print(f"<!-- {n} {r} {d}: {m} -->", flush=True))
                 built += time.perf_counter() - t0
                 cands[(ratio, dtype)] = cand
         if args.build_only:
@@ -151,7 +154,7 @@ def report(target: TargetNN, ratios: list[float], dtypes: list[str], cands: dict
 
 def cache_check(target: TargetNN, cand, args: argparse.Namespace, recipe: FinetuneRecipe) -> None:
     t0 = time.perf_counter()
-    again = build(target, cand.knobs, cache_dir=args.cache_dir, recipe=recipe)
+    again = build(target, cand.knobs, cache_dir=args.cache_dir, recipe=recipe, onnx=onnx_toolchain)
     cached = time.perf_counter() - t0
     print(f"\nCache: rebuilding {target.name} {cand.knobs.dtype} at ratio {cand.knobs.prune_ratio:g} took "
           f"{cached * 1e3:.0f} ms from the cache (from_cache={again.from_cache}) against {cand.build_seconds:.1f} s "

@@ -20,8 +20,10 @@ import numpy as np
 from scipy.stats import qmc
 
 from qaopt.app_spec import load
-from qaopt.calibrate import AR1, Empirical, Gaussian, error_metric
-from qaopt.calibration import build_calibration, cache_dir_of, reference_residuals
+from qaopt.app_spec.nn_errors import error_metric
+from qaopt.calibrate import AR1, Empirical, Gaussian
+from qaopt.region_calibration import build_calibration
+from qaopt.spec_adapter import cache_dir_of, reference_residuals
 
 REPO = Path(__file__).resolve().parents[1]
 

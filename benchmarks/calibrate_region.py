@@ -27,7 +27,7 @@ import numpy as np
 
 from qaopt.app_spec import load
 from qaopt.calibrate import Axis, Calibration, ErrorSpace, Gaussian
-from qaopt.calibration import build_calibration
+from qaopt.region_calibration import build_calibration
 
 REPO = Path(__file__).resolve().parents[1]
 TRUTH_SEED = 1_000_000  # ground-truth runs use seeds from here on; searches use 0 .. reps*10_000

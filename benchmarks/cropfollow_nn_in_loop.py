@@ -17,7 +17,7 @@ import torch
 
 from qaopt.simulators.cropfollow import CropFollowEvaluator
 from qaopt.simulators.cropfollow.dataset import reference_dataset
-from qaopt.simulators.cropfollow.reference import reference_nn, torch_perception
+from qaopt.simulators.cropfollow import reference_nn, torch_perception
 from qaopt.simulators.cropfollow.train import predict
 
 

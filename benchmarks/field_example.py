@@ -26,12 +26,13 @@ from pathlib import Path
 import yaml
 
 from qaopt.app_spec import load
-from qaopt.calibrate import ErrorRegion, Verdict, make_error_model
+from qaopt.calibrate import ErrorRegion, Verdict
 from qaopt.field import Run, Store
-from qaopt.calibration import acceptance_of, calibrate_spec, goal_of, space_of
 from qaopt.field.evidence import apply_evidence, certified_fraction, collect_evidence
 from qaopt.field.plan import plan
+from qaopt.region_calibration import calibrate_spec
 from qaopt.simulators.cropfollow import CropFollowEvaluator
+from qaopt.spec_adapter import acceptance_of, error_models_of, goal_of, space_of
 
 REPO = Path(__file__).resolve().parents[1]
 HARDER_FIELD = {
@@ -60,8 +61,7 @@ class FieldStandIn:
         self.spec, self.store = spec, store
         params = {**spec.evaluator.simulator.params, **HARDER_FIELD}
         self.robot = CropFollowEvaluator(**params)
-        self.models = {nn: make_error_model(spec.calibration.error_model, spec.nns[nn].error_metric.kind)
-                       for nn in spec.nns}
+        self.models = error_models_of(spec)
         self.next_seed = FIELD_SEEDS
         self.clock = datetime(2026, 6, 2, 8, 0, tzinfo=timezone.utc)
 

@@ -31,7 +31,8 @@ from torch import nn
 
 from qaopt.kernels import Protocol, Target, get_backend
 from qaopt.kernels import tuning as tu
-from qaopt.kernels.tvm_backend import TvmCompiled, build, prepare, tvm_target
+from qaopt.kernels.tvm_backend import TvmCompiled
+from qaopt.kernels.tvm_build import build, prepare, tvm_target
 from qaopt.simulators.cropfollow.nets import NavNet
 
 FINAL = Protocol(warmup=5, repeats=15, min_sample_ms=50.0, max_seconds=30.0)

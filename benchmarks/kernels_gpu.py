@@ -7,7 +7,8 @@ with the backbone's width as a parameter so that pruned candidates (channels
 cut uniformly, rounded to 8) can be built too. Weights are random: latency only.
 
 Each model is measured in its own subprocess with a time limit, because one
-max-autotune compile can hang (../shared/STACK.md); a timed-out or crashed
+max-autotune compile can hang (one with every GEMM backend enabled ran 10 minutes
+on an H200); a timed-out or crashed
 model is recorded as such and the others go on.
 
     python benchmarks/kernels_gpu.py --out $OUT        # writes kernels_gpu.json and prints a markdown table

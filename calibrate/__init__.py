@@ -10,20 +10,37 @@ by a sequential statistical test, and a search strategy charts the valid region
                       QoSGoal("collisions_per_100m", max=0.0), AcceptanceTest(), cache_dir, app_key)
     region = cal.search("monotone", budget=20)
     region.contains({"heading": 4.0, "distance": 0.05})
+
+The names below are imported on first use, so an application that declares the
+protocols of :mod:`qaopt.calibrate.protocols` does not pay for scipy and scikit-learn.
 """
 
-from qaopt.calibrate.acceptance import AcceptanceTest, QoSGoal, Verdict
-from qaopt.calibrate.calibration import Calibration, Progress
-from qaopt.calibrate.error_models import AR1, Empirical, ErrorModel, Gaussian, error_metric, make_error_model
-from qaopt.calibrate.errors import CalibrationError
-from qaopt.calibrate.protocols import Injector, QoSEvaluator
-from qaopt.calibrate.region import ErrorRegion, Evidence, Observation
-from qaopt.calibrate.space import Axis, ErrorSpace
-from qaopt.calibrate.strategies import STRATEGIES, Strategy, make_strategy
+from __future__ import annotations
 
-__all__ = [
-    "AR1", "AcceptanceTest", "Axis", "Calibration", "CalibrationError", "Empirical", "ErrorModel",
-    "ErrorRegion", "ErrorSpace", "Evidence", "Gaussian", "Injector", "Observation", "Progress",
-    "QoSEvaluator", "QoSGoal", "STRATEGIES", "Strategy", "Verdict", "error_metric", "make_error_model",
-    "make_strategy",
-]
+import importlib
+
+_EXPORTS = {
+    "acceptance": ("AcceptanceTest", "QoSGoal", "Verdict"),
+    "calibration": ("Calibration", "Progress"),
+    "error_models": ("AR1", "Empirical", "ErrorModel", "Gaussian", "make_error_model"),
+    "errors": ("CalibrationError",),
+    "protocols": ("Application", "Injector", "Perception", "QoSEvaluator"),
+    "region": ("ErrorRegion", "Evidence", "Observation"),
+    "space": ("Axis", "ErrorSpace"),
+    "strategies": ("STRATEGIES", "Strategy", "make_strategy"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

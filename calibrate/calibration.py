@@ -13,7 +13,6 @@ and the search goes on. Nothing is cached for a failed block.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 from qaopt.calibrate.acceptance import AcceptanceTest, QoSGoal, Verdict
 from qaopt.calibrate.error_models import ErrorModel
 from qaopt.calibrate.errors import CalibrationError
-from qaopt.calibrate.protocols import Injector, QoSEvaluator
+from qaopt.calibrate.protocols import Injector, QoSEvaluator, is_qos_value, records_problem
 from qaopt.calibrate.region import ErrorRegion, Evidence, Observation
 from qaopt.calibrate.space import ErrorSpace
 from qaopt.calibrate.strategies import Strategy, make_strategy
@@ -94,26 +93,17 @@ class Calibration:
         """
         key = TrialCache.key(self.app_key, self.injection(errors), seeds)
         records = self.cache.get(key)
-        if records is None:
+        if records is None or records_problem(records, seeds, self.goal.metric):  # a stale entry is run again
             try:
                 records = self.evaluator.evaluate(self.injectors(errors), seeds)
             except Exception as e:  # noqa: BLE001 - any evaluator failure fails only this point
                 raise BadEvaluation(f"evaluator raised {type(e).__name__}: {e}") from e
-            self._check(records, seeds)
-            records = [{k: float(v) for k, v in r.items() if _is_number(v)} for r in records]
+            problem = records_problem(records, seeds, self.goal.metric)
+            if problem:
+                raise BadEvaluation(f"evaluator returned {problem}")
+            records = [{k: float(v) for k, v in r.items() if is_qos_value(v)} for r in records]
             self.cache.put(key, records)
         return [self.goal.passes(r[self.goal.metric]) for r in records]
-
-    def _check(self, records, seeds: list[int]) -> None:
-        if not isinstance(records, Sequence) or len(records) != len(seeds):
-            n = len(records) if isinstance(records, Sequence) else type(records).__name__
-            raise BadEvaluation(f"evaluator returned {n} results for {len(seeds)} seeds")
-        for seed, r in zip(seeds, records):
-            v = r.get(self.goal.metric) if isinstance(r, Mapping) else None
-            if not _is_number(v) or not math.isfinite(float(v)):
-                raise BadEvaluation(
-                    f"evaluator returned no finite '{self.goal.metric}' for seed {seed} (got {r!r:.200})"
-                )
 
     def evaluate(self, errors: Mapping[str, float],
                  on_block: Callable[[int], None] | None = None) -> Observation:
@@ -196,10 +186,3 @@ class Calibration:
             if progress:
                 progress(Progress(spent, budget, errors, ob.trials, total, ob))
         return region
-
-
-def _is_number(v) -> bool:
-    """A real number (numpy scalars included); bools and strings are not QoS values."""
-    if isinstance(v, bool):
-        return False
-    return isinstance(v, (int, float)) or (hasattr(v, "dtype") and getattr(v, "shape", None) == ())

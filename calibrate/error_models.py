@@ -6,7 +6,8 @@ deviation. An error model says how that error *looks* (independent Gaussian
 noise per frame as in ApproxCaliper, AR(1) noise whose consecutive frames err
 alike, or a real NN's residuals resampled in blocks) and builds the
 :class:`~qaopt.calibrate.protocols.Injector` that makes a simulated NN err that
-way. ``fit`` methods build a model from a real NN's residual sequences (time-
+way. The metrics themselves are defined once, in :mod:`qaopt.app_spec.nn_errors`.
+``fit`` methods build a model from a real NN's residual sequences (time-
 ordered, in the output's unit) so calibration injects errors that look like the
 NN that will be deployed.
 """
@@ -22,32 +23,22 @@ import numpy as np
 from scipy.stats import norm
 
 from qaopt.app_spec.hashing import content_hash
+from qaopt.app_spec.nn_errors import METRIC_KINDS, SCALE_DEGREE, error_metric
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector
 
-# Each supported metric is homogeneous in the error's scale with this degree, which is what
-# lets a target value map exactly onto a scale of the error (Gaussian sigma, residual factor).
-# (``max_abs`` is not: an episode's maximum grows with its length, so no error model maps onto it.)
-METRIC_DEGREE = {"l1": 1, "rmse": 1, "mse": 2}
-METRIC_KINDS = tuple(METRIC_DEGREE)
+# A metric homogeneous in the error's scale (SCALE_DEGREE) lets a target value map exactly onto a
+# scale of the error (Gaussian sigma, residual factor). ``max_abs`` is homogeneous too, but an
+# episode's maximum grows with its length, so no error model maps a target onto it.
+CALIBRATED_METRICS = tuple(k for k in METRIC_KINDS if k != "max_abs")
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in METRIC_DEGREE:
+    if kind not in CALIBRATED_METRICS:
         raise CalibrationError(
             f"nns.*.error_metric.kind '{kind}' cannot be calibrated (no error model maps a target "
-            f"value onto it); use one of {', '.join(METRIC_KINDS)}"
+            f"value onto it); use one of {', '.join(CALIBRATED_METRICS)}"
         )
-
-
-def error_metric(kind: str, residuals: np.ndarray) -> float:
-    """The NN error metric ``kind`` of residuals (estimate - truth)."""
-    _check_kind(kind)
-    r = np.asarray(residuals, dtype=float)
-    if kind == "l1":
-        return float(np.mean(np.abs(r)))
-    mse = float(np.mean(r**2))
-    return mse if kind == "mse" else math.sqrt(mse)
 
 
 def gaussian_metric(kind: str, bias: float, sigma: float) -> float:
@@ -63,7 +54,7 @@ def gaussian_metric(kind: str, bias: float, sigma: float) -> float:
 
 def scale_for(kind: str, target: float, unit_value: float) -> float:
     """The factor that takes errors whose metric is ``unit_value`` to metric ``target``."""
-    return (float(target) / unit_value) ** (1.0 / METRIC_DEGREE[kind])
+    return (float(target) / unit_value) ** (1.0 / SCALE_DEGREE[kind])
 
 
 class ErrorModel(Protocol):

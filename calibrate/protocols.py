@@ -1,18 +1,35 @@
-"""The small contracts between calibration and the application it measures.
+"""The application protocol: what an application offers qaopt, and what calibration injects into it.
 
-An application (a simulator, a field harness) is a black box to calibration: it
-is run with each NN's output replaced by ``injector(truth, rng, t)`` and reports
-raw QoS metrics. Calibration decides pass/fail against the spec's goal. The
-contracts are structural (``typing.Protocol``): an evaluator never needs to
-import qaopt to satisfy them.
+An application (a simulator, a field harness) is a black box to qaopt. It offers:
+
+- ``nn_names``: the names of its NNs, as the spec's ``nns`` names them;
+- ``evaluate(injectors, seeds)``: closed-loop runs in which each NN's output is
+  replaced by ``injector(truth, rng, t)``, the runs calibration makes
+  (:class:`QoSEvaluator`, all that ``qaopt calibrate`` needs);
+- ``evaluate_perception(nns, seeds, render_threads=1)``: closed-loop runs in which
+  real NNs read the application's sensor inputs, the runs that validate an
+  approximated configuration (:class:`Application`, what ``qaopt optimize`` needs).
+
+Both report raw QoS metrics, one mapping per seed; qaopt decides pass or fail
+against the spec's goal. The contracts are structural (``typing.Protocol``): an
+application never needs to import qaopt to satisfy them, though it may subclass
+:class:`Application` to say so. ``qaopt.check_application`` checks an object
+against them, and ``qaopt validate`` runs that check on a spec's simulator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+QoSRecord = dict[str, float]
+"""One run's raw QoS metrics: metric name -> real number (e.g. ``{"collisions_per_100m": 0.0, "distance_m": 100.0}``)."""
+
+Perception = Callable[[np.ndarray], np.ndarray]
+"""An NN in the loop: a batch of inputs ``(B, *input_shape[1:])`` -> a batch of outputs ``(B,)`` or ``(B, 1)``."""
 
 
 @runtime_checkable
@@ -31,17 +48,58 @@ class Injector(Protocol):
 
 @runtime_checkable
 class QoSEvaluator(Protocol):
-    """Runs the application closed-loop and reports its raw QoS metrics.
+    """Runs the application closed-loop under injected NN errors and reports its raw QoS metrics.
 
     ``injectors`` maps NN names (as in the spec's ``nns``) to injectors; an NN
     left out runs with perfect perception. One episode is run per seed; the result
     for a given ``(injectors, seeds)`` must be deterministic so it can be cached.
-    Returns one metrics mapping per seed (e.g. ``{"distance_m": 100.0,
-    "collisions": 0, "interventions": 0, "collisions_per_100m": 0.0}``).
+    Returns a list with one :data:`QoSRecord` per seed, in the seeds' order.
     """
 
     nn_names: tuple[str, ...]
 
-    def evaluate(
-        self, injectors: Mapping[str, Injector], seeds: Sequence[int]
-    ) -> list[dict[str, float]]: ...
+    def evaluate(self, injectors: Mapping[str, Injector], seeds: Sequence[int]) -> list[QoSRecord]: ...
+
+
+@runtime_checkable
+class Application(QoSEvaluator, Protocol):
+    """A :class:`QoSEvaluator` that can also run with real NNs in the loop.
+
+    ``evaluate_perception(nns, seeds, render_threads=1)`` runs one episode per seed in
+    which each NN of ``nns`` (a :data:`Perception` callable) reads the inputs the
+    application produces for it (camera frames, ...); NNs left out get perfect
+    perception. It returns one :data:`QoSRecord` per seed, with the same metrics as
+    ``evaluate`` and deterministic for given ``(nns, seeds)``.
+
+    ``render_threads`` is how many threads the application may use to produce the
+    NNs' inputs (rendering frames, decoding logs); qaopt passes the target's thread
+    count. It must never change the results, only how fast they come; an application
+    that has nothing to parallelise accepts it and ignores it.
+    """
+
+    def evaluate_perception(
+        self, nns: Mapping[str, Perception], seeds: Sequence[int], render_threads: int = 1
+    ) -> list[QoSRecord]: ...
+
+
+def is_qos_value(v: object) -> bool:
+    """A real number (numpy scalars included); bools and strings are not QoS values."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, (int, float)) or (hasattr(v, "dtype") and getattr(v, "shape", None) == ())
+
+
+def records_problem(records: object, seeds: Sequence[int], metric: str | None = None) -> str | None:
+    """What is wrong with an evaluation's result for ``seeds``; ``None`` when it has one metrics mapping per seed
+    and, when ``metric`` is given, that metric is a finite real number in each."""
+    if not isinstance(records, Sequence) or isinstance(records, (str, bytes)):
+        return f"a {type(records).__name__} instead of a list with one dict of metrics per seed"
+    if len(records) != len(seeds):
+        return f"{len(records)} results for {len(seeds)} seeds"
+    for seed, r in zip(seeds, records):
+        if not isinstance(r, Mapping):
+            return f"a {type(r).__name__} for seed {seed} instead of a dict of metrics ({r!r:.200})"
+        v = r.get(metric) if metric is not None else 0.0
+        if not is_qos_value(v) or not math.isfinite(float(v)):
+            return f"no finite {metric!r} for seed {seed} (got {r!r:.200})"
+    return None

@@ -28,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+from qaopt.app_spec import store
+from qaopt.app_spec.nn_errors import error_coordinate
 from qaopt.calibrate.acceptance import AcceptanceTest, Verdict
 from qaopt.calibrate.classifier import MonotoneProbability
 from qaopt.calibrate.dominance import Dominance
-from qaopt.calibrate.error_models import error_metric
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.space import ErrorSpace
 
@@ -216,12 +217,7 @@ class ErrorRegion:
         for a in self.space.axes:
             if a.nn not in residuals:
                 raise CalibrationError(f"residuals: NN '{a.nn}' is calibrated but has no residuals")
-            r = np.asarray(residuals[a.nn], dtype=float).ravel()
-            out[a.name] = {
-                "metric": lambda: error_metric(self.metrics.get(a.nn, "l1"), r),
-                "bias": lambda: abs(float(r.mean())),
-                "sigma": lambda: float(r.std()),
-            }[a.component]()
+            out[a.name] = error_coordinate(a.component, self.metrics.get(a.nn, "l1"), residuals[a.nn])
         return out
 
     @property
@@ -244,12 +240,8 @@ class ErrorRegion:
         }
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
-        return path
+        """Write the region atomically (:func:`qaopt.app_spec.store.atomic_path`): a kill never leaves half a file."""
+        return store.write_text(path, json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def from_json(cls, data: Mapping) -> ErrorRegion:
@@ -265,11 +257,17 @@ class ErrorRegion:
 
     @classmethod
     def load(cls, path: str | Path) -> ErrorRegion:
+        """Read a saved region; a missing, torn or malformed file raises :class:`CalibrationError`."""
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise CalibrationError(f"{path}: cannot read the region ({e}); run `qaopt calibrate` again") from e
-        return cls.from_json(data)
+        if not isinstance(data, Mapping):
+            raise CalibrationError(f"{path}: not a region file; run `qaopt calibrate` again")
+        try:
+            return cls.from_json(data)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CalibrationError(f"{path}: malformed region ({type(e).__name__}: {e}); run `qaopt calibrate` again") from e
 
     def plot(self, path: str | Path, x: str | None = None, y: str | None = None,
              fixed: Mapping[str, float] | None = None, resolution: int = 200) -> Path:

@@ -14,9 +14,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from qaopt.app_spec.nn_errors import COMPONENTS, axis_name
 from qaopt.calibrate.errors import CalibrationError
-
-COMPONENTS = ("metric", "bias", "sigma")
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class Axis:
     @property
     def name(self) -> str:
         """``heading`` for the NN's metric, ``heading.bias`` / ``heading.sigma`` otherwise."""
-        return self.nn if self.component == "metric" else f"{self.nn}.{self.component}"
+        return axis_name(self.nn, self.component)
 
 
 class ErrorSpace:

@@ -11,10 +11,10 @@ another strategy, budget or QoS threshold reuses the same runs.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from qaopt.app_spec import store
 from qaopt.app_spec.hashing import content_hash
 
 
@@ -23,7 +23,12 @@ def block_seeds(block: int, size: int, base: int = 0) -> list[int]:
 
 
 class TrialCache:
-    """JSON files under ``<cache_dir>/calibrate/trials/``; writes are atomic (a kill never leaves half a file)."""
+    """JSON files under ``<cache_dir>/calibrate/trials/``.
+
+    Writes are atomic (:func:`qaopt.app_spec.store.atomic_path`); a file that cannot be
+    read back as a list of records (torn by a crash of an older version, edited) is a
+    cache miss, so its block is run again.
+    """
 
     def __init__(self, cache_dir: str | Path):
         self.root = Path(cache_dir) / "calibrate" / "trials"
@@ -37,13 +42,12 @@ class TrialCache:
 
     def get(self, key: str) -> list[dict] | None:
         try:
-            return json.loads(self._path(key).read_text())
-        except (OSError, json.JSONDecodeError):
+            records = json.loads(self._path(key).read_text())
+        except (OSError, ValueError):
             return None
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            return None
+        return records
 
     def put(self, key: str, records: list[dict]) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(records))
-        tmp.replace(path)
+        store.write_text(self._path(key), json.dumps(records))

@@ -9,18 +9,26 @@ Typical use::
     m = compiled.measure()                                  # Measurement: median_ms, spread_ms, peak_mem_bytes, …
     compiled.export("artifacts/heading")
 
-``target.backend`` picks 'torch', 'torch-compile', 'tvm', 'onnxruntime' or
-'auto' (every usable backend measured, the fastest kept: see :mod:`.auto`).
+    frame = kernels.measure_frame({"a": kernels.Workload(model_a, (x_a,)), "b": kernels.Workload(model_b, (x_b,))},
+                                  "parallel", target)       # FrameMeasurement: latency_ms per frame, memory_bytes
+
+``target.backend`` is a :class:`BackendRef` to a registered backend: 'torch'
+(or 'torch[channels_last]'), 'torch-compile', 'tvm', 'onnxruntime', 'auto'
+(every usable backend measured, the fastest kept: see :mod:`.auto`), or one
+added with :func:`register_backend`.
+
+Modules: :mod:`.registry` (names and references), :mod:`.target`, :mod:`.model`
+(what a backend is handed), :mod:`.backend` (the protocols), :mod:`.measure`
+(the one timing protocol), :mod:`.schedule` (frames of several models),
+:mod:`.onnx` (the one ONNX exporter and session factory), and the backends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
+from . import builtin  # noqa: F401 - registers the built-in backends
 from .auto import AutoBackend, AutoCompiled, Outcome
-from .backend import Backend, Compiled, backend_names, get_backend, register_backend
+from .backend import Backend, Compiled, LocalCompiled
+from .compiler import compile
 from .errors import (
     BackendUnavailableError,
     BuildError,
@@ -29,33 +37,34 @@ from .errors import (
     UnsupportedModelError,
     UnsupportedOperatorError,
 )
-from .measure import Measurement, Protocol, device_lock
+from .measure import Measurement, Protocol, device_lock, measure_callable, measure_interleaved, median_and_spread
+from .onnx import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx, ort_session
+from .registry import BackendRef, backend_names, get_backend, register_backend
+from .schedule import (
+    QUICK,
+    SCHEDULES,
+    FrameMeasurement,
+    MeasuredModel,
+    Schedule,
+    Workload,
+    measure_concurrent,
+    measure_frame,
+    measure_model,
+    measure_untuned,
+    schedules_for,
+    threads_of,
+    untuned_backend,
+)
 from .target import RPCConfig, Target, TuningBudget
-
-
-def compile(model: Any, example_inputs: Sequence[Any], target: Target, *, cache_dir: str | Path | None = None,
-            incumbent_ms: float | None = None, runnable_on: Sequence[str] | None = None) -> Any:
-    """Compile ``model`` with the target's backend (tuning within ``target.tuning`` where the backend tunes).
-
-    ``incumbent_ms``: the best latency the caller already has for comparable
-    candidates; tuning that cannot beat it is skipped. ``runnable_on``: the backends
-    (spec names) that have kernels for this model's dtype; ``auto`` measures only those,
-    so that it never spends compile or tuning time on a backend that would emulate the
-    dtype in float (TVM importing an int8 QDQ graph, say).
-    """
-    options: dict[str, Any] = {"cache_dir": cache_dir, "incumbent_ms": incumbent_ms}
-    if target.backend == "auto" and runnable_on is not None:
-        options["runnable_on"] = tuple(runnable_on)
-    backend = get_backend(target.backend, **options)
-    reason = backend.unavailable_reason(target)
-    if reason:
-        raise BackendUnavailableError(f"target.backend: '{target.backend}' cannot serve device '{target.device}': {reason}")
-    return backend.compile(model, example_inputs, target)
-
+from .torch_backends import torch_threads
 
 __all__ = [
-    "AutoBackend", "AutoCompiled", "Backend", "BackendUnavailableError", "BuildError", "Compiled", "KernelsError",
-    "Measurement", "MeasurementError", "Outcome", "Protocol", "RPCConfig", "Target", "TuningBudget",
-    "UnsupportedModelError", "UnsupportedOperatorError", "backend_names", "compile", "device_lock", "get_backend",
-    "register_backend",
+    "INPUT_NAME", "OPSET", "OUTPUT_NAME", "QUICK", "SCHEDULES",
+    "AutoBackend", "AutoCompiled", "Backend", "BackendRef", "BackendUnavailableError", "BuildError", "Compiled",
+    "FrameMeasurement", "KernelsError", "LocalCompiled", "MeasuredModel", "Measurement", "MeasurementError", "Outcome",
+    "Protocol", "RPCConfig", "Schedule", "Target", "TuningBudget", "UnsupportedModelError", "UnsupportedOperatorError",
+    "Workload", "backend_names", "compile", "device_lock", "export_onnx", "get_backend", "measure_callable",
+    "measure_concurrent", "measure_frame", "measure_interleaved", "measure_model", "measure_untuned",
+    "median_and_spread", "ort_session", "register_backend", "schedules_for", "threads_of", "torch_threads",
+    "untuned_backend",
 ]

@@ -9,7 +9,6 @@ crashes, is recorded with its reason and does not stop the others.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,17 +17,20 @@ from typing import Any
 import numpy as np
 
 from qaopt.app_spec.hashing import content_hash
+from qaopt.app_spec.store import read_json, write_json
 
-from .backend import Model, get_backend, model_key
 from .errors import KernelsError
 from .measure import Measurement, Protocol
+from .model import Model, model_key
+from .registry import BackendRef, get_backend
 from .target import Target
 
-CPU_BACKENDS = ("torch", "torch[channels_last]", "onnxruntime", "tvm")
-"""Default for CPU targets. Inductor is left out: it costs ~25 s per candidate to compile and matched eager here
-(../shared/STACK.md); name it in ``backends`` to include it."""
-CUDA_BACKENDS = ("torch", "torch-compile")
-RPC_BACKENDS = ("tvm",)
+CPU_BACKENDS = (BackendRef("torch"), BackendRef("torch", "channels_last"), BackendRef("onnxruntime"), BackendRef("tvm"))
+"""Default for CPU targets. Inductor is left out: it took 25 s to compile a compact NavNet and ran it no faster
+than eager on this CPU (19.7 ms both); name it in ``backends`` to include it."""
+CUDA_BACKENDS = (BackendRef("torch"), BackendRef("torch-compile"))
+RPC_BACKENDS = (BackendRef("tvm"),)
+OUTCOMES_ARTIFACT, OUTCOMES_VERSION = "kernels-outcomes", 1
 
 
 @dataclass
@@ -99,10 +101,10 @@ class AutoBackend:
 
     name = "auto"
 
-    def __init__(self, backends: Sequence[str] | None = None, cache_dir: str | Path | None = None,
+    def __init__(self, backends: Sequence[str | BackendRef] | None = None, cache_dir: str | Path | None = None,
                  protocol: Protocol = Protocol(), incumbent_ms: float | None = None,
                  runnable_on: Sequence[str] | None = None):
-        self.backends = tuple(backends) if backends else None
+        self.backends = tuple(BackendRef.parse(b) for b in backends) if backends else None
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.protocol = protocol
         self.incumbent_ms = incumbent_ms
@@ -111,50 +113,50 @@ class AutoBackend:
     def unavailable_reason(self, target: Target) -> str | None:
         return None
 
-    def _names(self, target: Target) -> tuple[str, ...]:
-        names = self.backends or {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}[target.device]
+    def _refs(self, target: Target) -> tuple[BackendRef, ...]:
+        refs = self.backends or {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}[target.device]
         if self.runnable_on is None:
-            return names
-        kept = tuple(n for n in names if n.split("[")[0] in self.runnable_on)
+            return refs
+        kept = tuple(r for r in refs if r.name in self.runnable_on)
         if not kept:
-            raise KernelsError(f"target.backend: auto: none of the backends {', '.join(names)} can run this model "
-                               f"(its dtype runs on {', '.join(self.runnable_on)})")
+            raise KernelsError(f"target.backend: auto: none of the backends {', '.join(map(str, refs))} can run this "
+                               f"model (its dtype runs on {', '.join(self.runnable_on)})")
         return kept
 
     def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> AutoCompiled:
-        names = self._names(target)
-        cache = self._cache_file(model, example_inputs, target, names)
-        if cache is not None and cache.exists():
-            outcomes = [Outcome.from_dict(d) for d in json.loads(cache.read_text())]
-            best = min((o for o in outcomes if o.measurement), key=lambda o: o.measurement.median_ms)
-            compiled = self._backend(best.backend, None).compile(model, example_inputs, target.with_backend(best.backend))
+        refs = self._refs(target)
+        cache = self._cache_file(model, example_inputs, target, refs)
+        outcomes = self._cached(cache)
+        if outcomes:
+            best = BackendRef.parse(min((o for o in outcomes if o.measurement), key=lambda o: o.measurement.median_ms).backend)
+            compiled = self._backend(best, None).compile(model, example_inputs, target.with_backend(best))
             return AutoCompiled(compiled, outcomes)
-        outcomes: list[Outcome] = []
+        outcomes = []
         best_compiled, best_ms = None, float("inf")
-        for name in names:
+        for ref in refs:
             incumbent = min(best_ms, self.incumbent_ms if self.incumbent_ms is not None else float("inf"))
-            outcome, compiled = self._try(name, model, example_inputs, target, incumbent)
+            outcome, compiled = self._try(ref, model, example_inputs, target, incumbent)
             outcomes.append(outcome)
             if outcome.measurement and outcome.measurement.median_ms < best_ms:
                 best_compiled, best_ms = compiled, outcome.measurement.median_ms
         if best_compiled is None:
             raise KernelsError("no backend could run the model: " + "; ".join(f"{o.backend}: {o.error}" for o in outcomes))
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps([o.to_dict() for o in outcomes], indent=1))
+            write_json(cache, OUTCOMES_ARTIFACT, OUTCOMES_VERSION, [o.to_dict() for o in outcomes])
         return AutoCompiled(best_compiled, outcomes)
 
-    def _backend(self, name: str, incumbent_ms: float | None) -> Any:
-        return get_backend(name, cache_dir=self.cache_dir, incumbent_ms=incumbent_ms)
+    def _backend(self, ref: BackendRef, incumbent_ms: float | None) -> Any:
+        return get_backend(ref, cache_dir=self.cache_dir, incumbent_ms=incumbent_ms)
 
-    def _try(self, name: str, model: Model, example_inputs: Sequence[Any], target: Target,
+    def _try(self, ref: BackendRef, model: Model, example_inputs: Sequence[Any], target: Target,
              incumbent_ms: float) -> tuple[Outcome, Any]:
+        name = str(ref)
         try:
-            backend = self._backend(name, incumbent_ms if incumbent_ms < float("inf") else None)
+            backend = self._backend(ref, incumbent_ms if incumbent_ms < float("inf") else None)
             reason = backend.unavailable_reason(target)
             if reason:
                 return Outcome(name, error=f"unavailable: {reason}"), None
-            compiled = backend.compile(model, example_inputs, target.with_backend(backend.name.split("[")[0]))
+            compiled = backend.compile(model, example_inputs, target.with_backend(ref))
             measurement = compiled.measure(self.protocol)
         except KernelsError as exc:
             return Outcome(name, error=str(exc)), None
@@ -163,8 +165,20 @@ class AutoBackend:
         tuning = getattr(compiled, "tuning", None)
         return Outcome(name, measurement, tuning=tuning.to_dict() if tuning is not None else None), compiled
 
-    def _cache_file(self, model: Model, example_inputs: Sequence[Any], target: Target, names: Sequence[str]) -> Path | None:
+    def _cache_file(self, model: Model, example_inputs: Sequence[Any], target: Target,
+                    refs: Sequence[BackendRef]) -> Path | None:
         if self.cache_dir is None:
             return None
-        key = content_hash(model_key(model, example_inputs), target.to_dict(), list(names), self.protocol.__dict__)
+        key = content_hash(model_key(model, example_inputs), target.to_dict(), [str(r) for r in refs],
+                           self.protocol.__dict__)
         return self.cache_dir / "kernels" / "outcomes" / f"{key}.json"
+
+    @staticmethod
+    def _cached(cache: Path | None) -> list[Outcome]:
+        """The recorded outcomes; none when the file is absent, torn, of another version, or holds no measurement."""
+        data = read_json(cache, OUTCOMES_ARTIFACT, OUTCOMES_VERSION) if cache is not None else None
+        try:
+            outcomes = [Outcome.from_dict(d) for d in data or ()]
+        except (KeyError, TypeError, ValueError):
+            return []
+        return outcomes if any(o.measurement for o in outcomes) else []

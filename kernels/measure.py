@@ -18,14 +18,13 @@ Protocol (the same for every backend and device):
 from __future__ import annotations
 
 import abc
-
 import contextlib
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,12 +235,12 @@ def measure_callable(
         raise
     except Exception as exc:
         raise MeasurementError(f"backend '{backend}': running the model on {device} failed: {type(exc).__name__}: {exc}") from exc
-    q1, _, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else (samples[0],) * 3
+    median, spread = median_and_spread(samples)
     return Measurement(
         backend=backend,
         device=device,
-        median_ms=statistics.median(samples),
-        spread_ms=q3 - q1,
+        median_ms=median,
+        spread_ms=spread,
         samples_ms=tuple(samples),
         number=number,
         threads=threads,
@@ -250,6 +249,43 @@ def measure_callable(
         energy_note=meter.source if meter else note,
         extra=dict(extra or {}),
     )
+
+
+def median_and_spread(samples: list[float] | tuple[float, ...]) -> tuple[float, float]:
+    """The median of the samples and their inter-quartile range (0 for a single sample)."""
+    if len(samples) < 2:
+        return float(samples[0]), 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4)
+    return statistics.median(samples), q3 - q1
+
+
+def measure_interleaved(
+    calls: Mapping[str, Callable[[], Any]],
+    *,
+    rounds: int = 5,
+    protocol: Protocol = Protocol(warmup=2, repeats=10),
+    device: str = "cpu",
+    device_key: str = "cpu",
+    threads: int | None = None,
+) -> dict[str, Measurement]:
+    """Time several callables in interleaved rounds, each round one :func:`measure_callable` per callable.
+
+    On a machine shared with other jobs the load changes from minute to minute;
+    interleaving makes every callable see the same mix, so their ratios hold even
+    when absolute times drift. Each result pools the samples of all its rounds.
+    """
+    rounds_of: dict[str, list[Measurement]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            rounds_of[name].append(measure_callable(call, backend=str(name), device=device, device_key=device_key,
+                                                    threads=threads, param_bytes=0, protocol=protocol))
+    out = {}
+    for name, ms in rounds_of.items():
+        samples = tuple(s for m in ms for s in m.samples_ms)
+        median, spread = median_and_spread(samples)
+        out[name] = replace(ms[-1], median_ms=median, spread_ms=spread, samples_ms=samples,
+                            peak_mem_bytes=max((m.peak_mem_bytes or 0 for m in ms), default=None))
+    return out
 
 
 def _calls_per_sample(call: Callable[[], Any], sync: Callable[[], None], min_sample_ms: float) -> int:

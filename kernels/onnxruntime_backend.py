@@ -1,8 +1,8 @@
 """ONNX Runtime: the CPU vendor runtime edge teams already ship (it runs on a Raspberry Pi too).
 
 Takes ONNX files (fp32, or int8 QDQ from static quantization) as they are, and
-torch modules after exporting them to ONNX (opset 17, the TorchScript exporter,
-which handles the CropFollow NNs; see ../shared/STACK.md).
+torch modules after exporting them with :func:`.onnx.export_onnx`; sessions come
+from :func:`.onnx.ort_session`.
 """
 
 from __future__ import annotations
@@ -10,45 +10,19 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .backend import LocalCompiled, Model, describe, is_onnx, model_dtype, torch_inputs, unsupported
+from .backend import LocalCompiled
 from .errors import BuildError, UnsupportedOperatorError
+from .model import Model, describe, is_onnx, model_dtype, unsupported
+from .onnx import export_onnx, onnx_param_bytes, ort_session
 from .target import Target
 
-OPSET = 17
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\)")
-_NO_EXPORT = re.compile(r"Exporting the operator '([\w:.]+)' to ONNX")
-
-
-def export_onnx(module: Any, example_inputs: Sequence[Any], path: Path, backend: str = "onnxruntime") -> Path:
-    """Export a torch module to ONNX; an operator ONNX cannot express is named in the error."""
-    import torch
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is chosen on purpose
-            torch.onnx.export(module.eval(), torch_inputs(example_inputs, like=module), str(path), dynamo=False,
-                              opset_version=OPSET, input_names=[f"input{i}" for i in range(len(example_inputs))])
-    except Exception as exc:
-        match = _NO_EXPORT.search(str(exc))
-        if match:
-            raise UnsupportedOperatorError(match.group(1), backend, describe(module),
-                                           f"ONNX opset {OPSET} cannot express it; choose backend torch or tvm") from exc
-        raise unsupported(backend, module, f"ONNX export failed: {type(exc).__name__}: {exc}") from exc
-    return path
-
-
-def onnx_param_bytes(path: Path) -> int:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return int(sum(len(t.raw_data) or 0 for t in model.graph.initializer))
 
 
 class OrtCompiled(LocalCompiled):
@@ -96,8 +70,6 @@ class OnnxRuntimeBackend:
         return None
 
     def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> OrtCompiled:
-        import onnxruntime as ort
-
         tmp = None
         if is_onnx(model):
             path = Path(model)
@@ -108,16 +80,9 @@ class OnnxRuntimeBackend:
                 raise unsupported(self.name, model, "onnxruntime's CPU provider has no bf16 convolution kernels; "
                                   "run bf16 candidates on backend 'torch', or give an fp32/int8 ONNX model")
             tmp = tempfile.TemporaryDirectory(prefix="qaopt-ort-")
-            module = model.module() if hasattr(model, "graph_signature") else model
-            path = export_onnx(module, example_inputs, Path(tmp.name) / "model.onnx", self.name)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.inter_op_num_threads = 1
-        if target.threads:
-            options.intra_op_num_threads = target.threads
-        providers = ["CUDAExecutionProvider"] if target.device == "cuda" else ["CPUExecutionProvider"]
+            path = export_onnx(model, example_inputs, Path(tmp.name) / "model.onnx")
         try:
-            session = ort.InferenceSession(str(path), options, providers=providers)
+            session = ort_session(path, target.threads, target.device)
         except Exception as exc:
             match = _NO_KERNEL.search(str(exc))
             if match:

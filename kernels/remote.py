@@ -8,7 +8,6 @@ that says which device, what was tried, and the last reason.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -17,11 +16,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .backend import as_numpy
 from .errors import MeasurementError
-from .measure import Measurement, Protocol, device_lock
+from .measure import Measurement, Protocol, device_lock, median_and_spread
+from .model import as_numpy
 from .target import RPCConfig, Target
-from .tvm_backend import Prepared, _flatten, export_library
+from .tvm_build import Prepared, export_library, flatten
 
 T = TypeVar("T")
 
@@ -98,7 +97,7 @@ class RemoteTvmCompiled:
             args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in (inputs or self.example_inputs)]
             vm.set_input("main", *args)  # tuples cannot cross RPC: fetch the outputs one by one
             vm.invoke_stateful("main")
-            return _flatten(vm.get_outputs("main"))
+            return flatten(vm.get_outputs("main"))
 
         return self.with_retries(step, "running the model")
 
@@ -116,10 +115,10 @@ class RemoteTvmCompiled:
 
         with device_lock(self.target.device_key):
             number, *samples = self.with_retries(step, "timing the model")
-        q1, _, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else (samples[0],) * 3
+        median, spread = median_and_spread(samples)
         return Measurement(
-            backend=self.backend, device=f"rpc {self.rpc}", median_ms=statistics.median(samples),
-            spread_ms=q3 - q1, samples_ms=tuple(samples), number=int(number), threads=self.target.threads,
+            backend=self.backend, device=f"rpc {self.rpc}", median_ms=median,
+            spread_ms=spread, samples_ms=tuple(samples), number=int(number), threads=self.target.threads,
             peak_mem_bytes=None, energy_mj=None, energy_note="unavailable: no energy meter is read over TVM RPC",
             extra={"compile_s": round(self.compile_seconds, 3), "param_bytes": self.param_bytes,
                    "rpc_failures": list(self.failures)})

@@ -3,19 +3,26 @@
 A :class:`Target` is the kernels-side view of the spec's ``target:`` section
 (``device: cpu|cuda|rpc, backend, threads, tuning: {trials, seconds},
 rpc: {host, port, key, tracker}``). It is a frozen dataclass so that it can be
-hashed into cache keys and passed between processes, and it is built from the
-spec with :meth:`Target.from_spec`, which accepts the pydantic model or a
-plain mapping, so kernels works with or without a loaded spec.
+hashed into cache keys and passed between processes.
+
+:meth:`Target.from_spec` is the one conversion from the spec: it validates a
+mapping with the spec's own schema (:class:`~qaopt.app_spec.schema.TargetSpec`),
+so kernels works with or without a loaded spec and both read the same defaults,
+and it checks that ``backend`` names a registered backend.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from qaopt.app_spec.schema import RPCSpec, TargetSpec
+
 from .errors import KernelsError
+from .registry import BackendRef, resolve
 
 Device = Literal["cpu", "cuda", "rpc"]
 
@@ -32,40 +39,28 @@ class TuningBudget:
     database: str | None = None
 
 
-@dataclass(frozen=True)
-class RPCConfig:
-    """A remote device reached over TVM RPC (the spec's ``target.rpc``).
+class RPCConfig(RPCSpec):
+    """A remote device reached over TVM RPC: the spec's ``target.rpc`` section, with this machine as default host.
 
     ``tracker: false``: an RPC server listens at host:port. ``tracker: true``:
     host:port is a TVM RPC tracker, asked for a device registered under ``key``.
     """
 
     host: str = "127.0.0.1"
-    port: int = 9090
-    key: str | None = None
-    tracker: bool = False
-    retries: int = 2
-    timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.tracker and not self.key:
-            raise KernelsError("target.rpc.key: a device key is required with target.rpc.tracker; set rpc.key")
-
-    def __str__(self) -> str:
-        return f"tracker {self.host}:{self.port} key '{self.key}'" if self.tracker else f"{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)
 class Target:
     """A compilation and measurement target.
 
-    ``mcpu`` / ``mtriple`` pick the LLVM CPU for TVM (``None``: the host's own
-    CPU, so code is vectorized for it); ``cc`` is the cross compiler TVM uses to
-    export a library for another architecture (e.g. ``aarch64-linux-gnu-g++``).
+    ``backend`` is a :class:`BackendRef` (a string such as ``"torch[channels_last]"``
+    is parsed). ``mcpu`` / ``mtriple`` pick the LLVM CPU for TVM (``None``: the
+    host's own CPU, so code is vectorized for it); ``cc`` is the cross compiler TVM
+    uses to export a library for another architecture (e.g. ``aarch64-linux-gnu-g++``).
     """
 
     device: Device = "cpu"
-    backend: str = "auto"
+    backend: BackendRef = BackendRef("auto")
     threads: int | None = None
     tuning: TuningBudget = field(default_factory=TuningBudget)
     rpc: RPCConfig | None = None
@@ -74,6 +69,7 @@ class Target:
     cc: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", BackendRef.parse(self.backend))
         if self.device not in ("cpu", "cuda", "rpc"):
             raise KernelsError(f"target.device: '{self.device}' is not one of cpu, cuda, rpc")
         if self.device == "rpc" and self.rpc is None:
@@ -82,20 +78,32 @@ class Target:
             raise KernelsError(f"target.threads: {self.threads} must be at least 1")
 
     @classmethod
-    def from_spec(cls, spec_target: Any) -> Target:
-        """Build from the spec's ``target`` section (a pydantic model or a mapping)."""
-        data = spec_target.model_dump() if hasattr(spec_target, "model_dump") else dict(spec_target or {})
-        tuning = data.pop("tuning", None) or {}
-        rpc = data.pop("rpc", None)
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and v is not None}
+    def from_spec(cls, spec_target: TargetSpec | Any) -> Target:
+        """Build from the spec's ``target`` section (the pydantic model, or a mapping validated as one).
+
+        The backend must be registered: an unknown name fails here, listing the
+        registered ones and how to register another.
+        """
+        if not isinstance(spec_target, TargetSpec):
+            try:
+                spec_target = TargetSpec.model_validate(dict(spec_target or {}))
+            except ValidationError as exc:
+                raise KernelsError("\n".join(
+                    f"target{''.join(f'.{p}' for p in e['loc'])}: {e['msg']}" for e in exc.errors())) from None
+        tuning, rpc = spec_target.tuning, spec_target.rpc
         return cls(
-            tuning=TuningBudget(**_known(TuningBudget, tuning)),
-            rpc=RPCConfig(**_known(RPCConfig, rpc)) if rpc else None,
-            **known,
+            device=spec_target.device,
+            backend=resolve(spec_target.backend),
+            threads=spec_target.threads,
+            tuning=TuningBudget(tuning.trials, tuning.seconds, str(tuning.database) if tuning.database else None),
+            rpc=RPCConfig.model_validate(rpc.model_dump()) if rpc is not None else None,
+            mcpu=spec_target.mcpu,
+            mtriple=spec_target.mtriple,
+            cc=spec_target.cc,
         )
 
-    def with_backend(self, backend: str) -> Target:
-        return replace(self, backend=backend)
+    def with_backend(self, backend: BackendRef | str) -> Target:
+        return replace(self, backend=BackendRef.parse(backend))
 
     @property
     def device_key(self) -> str:
@@ -107,8 +115,7 @@ class Target:
         return "cpu"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in dict(data).items() if k in cls.__dataclass_fields__ and v is not None}
+        """Plain data (the backend as spelled in a spec), for cache keys and JSON."""
+        return {"device": self.device, "backend": str(self.backend), "threads": self.threads,
+                "tuning": asdict(self.tuning), "rpc": self.rpc.model_dump() if self.rpc else None,
+                "mcpu": self.mcpu, "mtriple": self.mtriple, "cc": self.cc}

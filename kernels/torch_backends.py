@@ -1,7 +1,8 @@
 """PyTorch backends: eager (the vendor-library baseline: oneDNN on CPU, cuDNN on GPU) and Inductor.
 
-Eager needs no compilation and is strong on this CPU (../shared/STACK.md), so it
-is the floor every tuned candidate must beat (Luthier's lesson).
+Eager needs no compilation and is strong on this CPU (oneDNN reached 50-61 % of fp32
+peak on the CropFollow NNs, and survey-tuned TVM 0.29-0.33x of its speed: docs/BENCHMARKS.md),
+so it is the floor every tuned candidate must beat (Luthier's lesson).
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from .backend import LocalCompiled, Model, as_numpy, param_bytes_of, require_torch_model, torch_inputs, unsupported
+from .backend import LocalCompiled
 from .errors import BuildError
+from .model import Model, as_numpy, module_of, param_bytes_of, require_torch_model, torch_inputs, unsupported
+from .registry import BackendRef
 from .target import Target
 
-
-def _module_of(model: Model) -> Any:
-    import torch
-
-    return model.module() if isinstance(model, torch.export.ExportedProgram) else model
+CHANNELS_LAST = "channels_last"
+"""The variant of backend 'torch' that runs NHWC activations: ``torch[channels_last]``."""
 
 
 def _torch_unavailable(target: Target) -> str | None:
@@ -39,7 +39,7 @@ def _torch_unavailable(target: Target) -> str | None:
 
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
-    """Apply the target's thread count to torch's intra-op pool, and restore it after."""
+    """Apply ``threads`` to torch's intra-op pool (process-wide), and restore it after; ``None`` leaves it."""
     import torch
 
     before = torch.get_num_threads()
@@ -127,7 +127,12 @@ class TorchBackend:
 
     def __init__(self, channels_last: bool = False):
         self.channels_last = channels_last
-        self.name = "torch" + ("[channels_last]" if channels_last else "")
+        self.name = str(BackendRef("torch", CHANNELS_LAST if channels_last else None))
+
+    @classmethod
+    def factory(cls, variant: str | None = None, **_: Any) -> TorchBackend:
+        """The registry's factory: ``torch`` or ``torch[channels_last]``."""
+        return cls(channels_last=variant == CHANNELS_LAST)
 
     def unavailable_reason(self, target: Target) -> str | None:
         return _torch_unavailable(target)
@@ -180,7 +185,7 @@ class TorchCompileBackend:
 def _prepare(model: Model, target: Target, channels_last: bool) -> Any:
     import torch
 
-    module = _module_of(model)
+    module = module_of(model)
     if isinstance(module, torch.nn.Module) and hasattr(module, "eval") and not isinstance(module, torch.fx.GraphModule):
         module = module.eval()
     if target.device == "cuda":

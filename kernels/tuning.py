@@ -1,6 +1,6 @@
 """Tuning-cost control: a shared database, survey tuning with an early stop, skipping cold candidates.
 
-Why each piece (../shared/STACK.md: one MetaSchedule trial costs seconds on 2 cores):
+Why each piece (one MetaSchedule trial costs about a second on 2 cores, docs/BENCHMARKS.md):
 
 * **One database per target** (:class:`TuningDatabase`), shared by every candidate
   and run: pruned NNs with channels rounded to 8 share layer shapes, so a task
@@ -33,9 +33,11 @@ from typing import Any
 from filelock import FileLock
 
 from qaopt.app_spec.hashing import content_hash
+from qaopt.app_spec.store import cache_root
 
 from .errors import BuildError
 from .measure import device_lock
+from .tvm_build import host_cpu
 
 # --------------------------------------------------------------------------- builder and runner
 
@@ -59,8 +61,8 @@ def _pooled_builder(max_workers: int, timeout_s: float) -> Any:
 
     TVM's LocalBuilder starts a fresh process pool for every batch of candidates,
     and each fresh worker re-imports TVM (3 s) and its tensor intrinsics (10-50 s
-    here): that, not compiling, was most of the ~6 s per trial in
-    ../shared/STACK.md. This builder keeps its pool, skips the intrinsics, and
+    here): that, not compiling, was most of the ~6 s per trial measured before
+    (docs/BENCHMARKS.md, "What changed in the tuner"). This builder keeps its pool, skips the intrinsics, and
     recycles the pool every ``recycle`` batches (upstream restarts it because
     long-lived workers leak slowly).
     """
@@ -164,7 +166,7 @@ class TuningDatabase:
     @classmethod
     def for_target(cls, target: Any, cache_dir: str | Path | None, database: str | Path | None = None) -> TuningDatabase:
         """``database`` (the spec's ``target.tuning.database``) names a folder shared beyond this cache."""
-        root = Path(database) if database else Path(cache_dir or os.environ.get("QAOPT_CACHE_DIR") or ".qaopt-cache") / "tvm-tuning"
+        root = Path(database) if database else cache_root(cache_dir) / "tvm-tuning"
         return cls(root / content_hash(str(target)), target)
 
     def open(self) -> Any:
@@ -237,8 +239,6 @@ def cpu_peak_gflops(threads: int | None = None) -> float:
     nominal frequency /proc/cpuinfo reports; boost clocks exceed it, so the true peak
     is higher and a share of this peak overstates efficiency (it can pass 100 %).
     """
-    from .tvm_backend import host_cpu
-
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     mhz = [float(line.split(":")[1]) for line in cpuinfo.splitlines() if line.startswith("cpu MHz")]
     flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")

@@ -1,161 +1,25 @@
-"""TVM: Relax import, MetaSchedule tuning against a shared database, build, run locally or over RPC.
+"""TVM: Relax + MetaSchedule tuning against a shared database, run locally or over RPC.
 
-The pipeline is split in two so that tuning can sit between its halves:
-
-* :func:`prepare` imports the model (``torch.export`` -> Relax, or the ONNX
-  frontend), binds the weights as constants (so weight-layout rewrites are folded
-  at build time) and fuses it into TIR functions: these are MetaSchedule's tasks.
-* :func:`build` applies whatever the shared database knows for those tasks and
-  compiles; functions it does not know keep TVM's default schedules.
+The compilation steps are in :mod:`.tvm_build`, tuning in :mod:`.tuning`, remote
+execution in :mod:`.remote`; this module is the backend that strings them together.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .backend import LocalCompiled, Model, describe, is_onnx, param_bytes_of, torch_inputs, unsupported
-from .errors import BuildError, UnsupportedOperatorError
+from . import tuning
+from .backend import LocalCompiled
+from .measure import Protocol
+from .model import Model
+from .remote import RemoteTvmCompiled
 from .target import Target
-
-_TORCH_UNSUPPORTED = re.compile(r"Unsupported function types \[(.*)\]")
-_ONNX_UNSUPPORTED = re.compile(r"not supported for frontend ONNX: (.*)")
-
-
-@cache
-def host_cpu() -> str:
-    """LLVM's name for this machine's CPU (e.g. znver5), so TVM vectorizes for it."""
-    import tvm
-
-    return str(tvm.get_global_func("target.llvm_get_system_cpu")())
-
-
-def tvm_target(target: Target) -> Any:
-    """The TVM target of a :class:`Target`: LLVM for the host CPU unless mcpu/mtriple name another."""
-    import os
-
-    import tvm
-
-    spec: dict[str, Any] = {"kind": "llvm", "mcpu": target.mcpu or host_cpu(),
-                            "num-cores": target.threads or os.cpu_count() or 1}
-    if target.mtriple:
-        spec["mtriple"] = target.mtriple
-    return tvm.target.Target(spec)
-
-
-# --------------------------------------------------------------------------- import and build
-
-
-@dataclass
-class Prepared:
-    """A model imported and fused into TIR functions, ready for tuning and building."""
-
-    mod: Any  # tvm.IRModule
-    target: Any  # tvm.target.Target
-    name: str
-    param_bytes: int
-
-
-def prepare(model: Model, example_inputs: Sequence[Any], target: Target, backend: str = "tvm") -> Prepared:
-    """Import a torch module / ExportedProgram / ONNX file into fused Relax+TIR for ``target``."""
-    import tvm
-    from tvm import relax
-    from tvm.relax import transform as T
-
-    mod = _import(model, example_inputs, backend)
-    ttarget = tvm_target(target)
-    try:
-        with ttarget:
-            mod = tvm.transform.Sequential([
-                T.DecomposeOpsForInference(), T.CanonicalizeBindings(), relax.get_pipeline("zero"),
-                T.AttachAttrLayoutFreeBuffers(),
-            ])(mod)
-    except Exception as exc:
-        raise BuildError(f"{describe(model)}: backend '{backend}' could not lower the model: {type(exc).__name__}: {exc}") from exc
-    return Prepared(mod, ttarget, describe(model), _param_bytes(model))
-
-
-def _import(model: Model, example_inputs: Sequence[Any], backend: str) -> Any:
-    if is_onnx(model):
-        import onnx
-        from tvm.relax.frontend.onnx import from_onnx
-
-        proto = onnx.load(str(model))
-        shapes = {i.name: list(np.asarray(x).shape) for i, x in zip(proto.graph.input, example_inputs)}
-        try:
-            return from_onnx(proto, shape_dict=shapes, keep_params_in_input=False)
-        except Exception as exc:
-            _raise_unsupported(_ONNX_UNSUPPORTED, exc, backend, model)
-            raise BuildError(f"{model}: backend '{backend}' could not import the ONNX model: {exc}") from exc
-    if isinstance(model, (str, Path)):
-        raise unsupported(backend, model, "expected a torch.nn.Module, an ExportedProgram or an .onnx file")
-    import torch
-    from tvm.relax.frontend.torch import from_exported_program
-
-    if isinstance(model, torch.export.ExportedProgram):
-        program = model
-    else:
-        try:
-            with torch.no_grad():
-                program = torch.export.export(model.eval(), torch_inputs(example_inputs, like=model))
-        except Exception as exc:
-            raise unsupported(backend, model, f"torch.export failed: {type(exc).__name__}: {exc}") from exc
-    try:
-        return from_exported_program(program, keep_params_as_input=False)
-    except Exception as exc:
-        _raise_unsupported(_TORCH_UNSUPPORTED, exc, backend, model)
-        raise BuildError(f"{describe(model)}: backend '{backend}' could not import the model: {type(exc).__name__}: {exc}") from exc
-
-
-def _param_bytes(model: Model) -> int:
-    if is_onnx(model):
-        from .onnxruntime_backend import onnx_param_bytes
-
-        return onnx_param_bytes(Path(model))
-    return param_bytes_of(model.module() if hasattr(model, "graph_signature") else model)
-
-
-def _raise_unsupported(pattern: re.Pattern[str], exc: Exception, backend: str, model: Model) -> None:
-    match = pattern.search(str(exc))
-    if match:
-        ops = ", ".join(op.strip(" '\"") for op in match.group(1).split(","))
-        raise UnsupportedOperatorError(ops, backend, describe(model),
-                                       "TVM's Relax frontend has no converter for it; choose backend torch or onnxruntime") from exc
-
-
-def build(prepared: Prepared, database: Any = None) -> Any:
-    """Compile, with the best schedules ``database`` holds for the model's tasks (default schedules for the rest)."""
-    import tvm
-    from tvm.relax import transform as T
-
-    try:
-        mod = prepared.mod
-        if database is not None:
-            with prepared.target, database:
-                mod = tvm.transform.Sequential([
-                    T.MetaScheduleApplyDatabase(), T.SplitLayoutRewritePreproc(), T.LiftTransformParams(), T.FoldConstant(),
-                ])(mod)
-        return tvm.compile(mod, prepared.target)
-    except Exception as exc:
-        raise BuildError(f"{prepared.name}: backend 'tvm' failed to build: {type(exc).__name__}: {exc}") from exc
-
-
-def configure_threads(threads: int | None) -> None:
-    """Size TVM's runtime thread pool (all cores when ``None``)."""
-    import tvm
-
-    if threads:
-        tvm.get_global_func("runtime.config_threadpool")(1, threads)
-
-
-# --------------------------------------------------------------------------- local execution
+from .tvm_build import Prepared, build, configure_threads, export_library, flatten, prepare
 
 
 class TvmCompiled(LocalCompiled):
@@ -184,7 +48,7 @@ class TvmCompiled(LocalCompiled):
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         configure_threads(self.target.threads)
         out = self.vm["main"](*(self._tensors(inputs) if inputs else self._args))
-        return _flatten(out)
+        return flatten(out)
 
     def _bind(self) -> Callable[[], Any]:
         configure_threads(self.target.threads)
@@ -194,32 +58,6 @@ class TvmCompiled(LocalCompiled):
     def export(self, path: str | Path) -> Path:
         """The compiled library (.so, loadable with ``tvm.runtime.load_module``; .tar of objects for a cross target)."""
         return export_library(self.executable, Path(path), self.target)
-
-
-def export_library(executable: Any, path: Path, target: Target) -> Path:
-    """Write the compiled library for the target: a shared library, or for a cross target without
-    ``target.cc`` a tar of its object files (link them with the board's toolchain)."""
-    if target.cc:
-        from tvm.contrib import cc
-
-        path = path.with_suffix(".so")
-        executable.export_library(str(path), fcompile=cc.cross_compiler(target.cc))
-    elif target.mtriple:
-        path = path.with_suffix(".tar")
-        executable.export_library(str(path))
-    else:
-        path = path.with_suffix(".so")
-        executable.export_library(str(path))
-    return path
-
-
-def _flatten(out: Any) -> list[np.ndarray]:
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    result: list[np.ndarray] = []
-    for item in out:
-        result.extend(_flatten(item))
-    return result
 
 
 class TvmBackend:
@@ -243,8 +81,6 @@ class TvmBackend:
         return None
 
     def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> Any:
-        from . import remote
-
         start = time.perf_counter()
         prepared = prepare(model, example_inputs, target, self.name)
         report, database = None, None
@@ -252,22 +88,19 @@ class TvmBackend:
             report, database = self._tune(prepared, example_inputs, target)
         executable = build(prepared, database)
         if target.device == "rpc":
-            compiled: Any = remote.RemoteTvmCompiled(executable, prepared, example_inputs, target, report)
+            compiled: Any = RemoteTvmCompiled(executable, prepared, example_inputs, target, report)
         else:
             compiled = TvmCompiled(executable, prepared, example_inputs, target, report)
         compiled.compile_seconds = time.perf_counter() - start
         return compiled
 
     def _tune(self, prepared: Prepared, example_inputs: Sequence[Any], target: Target) -> tuple[Any, Any]:
-        from . import remote, tuning
-        from .measure import Protocol
-
         quick = Protocol(warmup=2, repeats=7, min_sample_ms=10.0, max_seconds=10.0)
 
         def evaluate(database: Any) -> float:
             executable = build(prepared, database)
             if target.device == "rpc":
-                return remote.RemoteTvmCompiled(executable, prepared, example_inputs, target).measure(quick).median_ms
+                return RemoteTvmCompiled(executable, prepared, example_inputs, target).measure(quick).median_ms
             return TvmCompiled(executable, prepared, example_inputs, target).measure(quick).median_ms
 
         runner = (tuning.rpc_runner(target.rpc, target.device_key) if target.device == "rpc"

@@ -4,11 +4,26 @@ It finds how much error each NN may make before the application fails its QoS go
 (:mod:`qaopt.calibrate`), then searches pruning and quantization inside that region
 (:mod:`qaopt.approx`), judged by latency measured on the target (:mod:`qaopt.kernels`).
 
+- :func:`optimize`: the whole pipeline on a spec;
+- :func:`check_application`: whether an application (your simulator) keeps the
+  protocol qaopt runs it through (:class:`qaopt.calibrate.Application`).
+
 Importing :mod:`qaopt` is light on purpose: the field-logging API runs on a robot's
 small computer without torch or TVM, so heavy modules are imported where used.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["check_application", "optimize"]
+
+
+def __getattr__(name: str):
+    """``qaopt.check_application`` (:func:`qaopt.application.check_application`), imported on first use."""
+    if name == "check_application":
+        from qaopt.application import check_application
+
+        return check_application
+    raise AttributeError(f"module 'qaopt' has no attribute {name!r}")
 
 
 def optimize(spec, **overrides):

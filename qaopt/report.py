@@ -8,18 +8,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import optuna  # noqa: E402
-from optuna.trial import TrialState  # noqa: E402
 
-from qaopt.calibrate import ErrorRegion  # noqa: E402
-from qaopt.result import Configuration, Result  # noqa: E402
+from qaopt.app_spec import store  # noqa: E402
+from qaopt.approx import describe  # noqa: E402
+from qaopt.result import Configuration, Result, StudySummary  # noqa: E402
 
 MiB = 2**20
 
 
-def write_report(result: Result, studies: dict[str, optuna.Study], region: ErrorRegion, run_dir: Path) -> Path:
-    """Write ``report.md`` (and ``pareto.png``) into ``run_dir``; ``region.png`` comes from calibration."""
-    pareto = plot_pareto(studies, run_dir / "pareto.png")
+def write_report(result: Result, run_dir: Path) -> Path:
+    """Write ``report.md`` and ``pareto.png`` into ``run_dir`` from ``result`` alone; ``region.png`` comes from the region stage.
+
+    A pure function of the result, so an old ``result.json`` gives the same report again.
+    """
+    pareto = plot_pareto(result.studies, run_dir / "pareto.png")
     lines = [f"# qaopt report: {result.app}", ""]
     lines += [
         f"Spec `{result.spec}` (hash `{result.spec_hash}`), profile `{result.profile}`.",
@@ -56,7 +58,7 @@ def write_report(result: Result, studies: dict[str, optuna.Study], region: Error
     failures = [f for s in result.studies.values() for f in s.failures]
     if failures:
         lines += ["", "Failed trials (the search went on):", ""] + [f"- {f}" for f in failures]
-    lines += ["", "### Candidates (aware study, measured trials)", "", _candidate_table(studies["aware"]), ""]
+    lines += ["", "### Candidates (aware study, measured trials)", "", _candidate_table(result.studies["aware"]), ""]
     lines += ["## Cost", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {stage} | {seconds:.1f} |" for stage, seconds in result.seconds.items()]
     lines += ["", f"Kernel tuning per candidate: {result.tuning}.", ""]
@@ -65,22 +67,20 @@ def write_report(result: Result, studies: dict[str, optuna.Study], region: Error
         for nn, files in result.artifacts.items():
             lines.append(f"- `{nn}`: " + ", ".join(f"{kind} `{Path(p).relative_to(run_dir.resolve())}`"
                                                    for kind, p in files.items()))
-    path = run_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return store.write_text(run_dir / "report.md", "\n".join(lines) + "\n")
 
 
-def plot_pareto(studies: dict[str, optuna.Study], path: Path) -> Path:
+def plot_pareto(studies: dict[str, StudySummary], path: Path) -> Path:
     """Latency vs memory of every measured trial; filled = feasible (tuned), hollow = infeasible (untuned)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for (mode, study), colour in zip(studies.items(), ("tab:green", "tab:blue"), strict=False):
-        trials = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and t.values]
+        trials = [t for t in study.trials if t.state == "complete" and t.objectives]
         for feasible in (True, False):
-            pts = [t for t in trials if bool(t.user_attrs.get("feasible")) == feasible]
+            pts = [t for t in trials if t.feasible == feasible]
             if not pts:
                 continue
-            xs = [t.values[0] for t in pts]
-            ys = [t.values[1] if len(t.values) > 1 else 0.0 for t in pts]
+            xs = [t.objectives.get("latency", 0.0) for t in pts]
+            ys = [t.objectives.get("memory", 0.0) for t in pts]
             ax.scatter(xs, ys, s=36, label=f"{mode}, {'feasible' if feasible else 'infeasible'}",
                        facecolors=colour if feasible else "none", edgecolors=colour, marker="o" if feasible else "X")
     ax.set_xlabel("latency per frame (ms)")
@@ -120,12 +120,15 @@ def _row(name: str, config: Configuration, reference_ms: float) -> str:
 
 
 def _nn_table(config: Configuration) -> str:
-    rows = ["| NN | prune ratio | dtype | fine-tune steps | error | backend | latency (ms) | MACs (M) | params (k) |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    """One row per NN: its knobs (a column per knob of every registered approximation pass) and its figures."""
+    knobs = {name: describe(c.knobs) for name, c in config.nns.items()}
+    columns = list(dict.fromkeys(label for k in knobs.values() for label in k))
+    rows = ["| NN | " + " | ".join(columns) + " | error | backend | latency (ms) | MACs (M) | params (k) |",
+            "|---|" + "---|" * len(columns) + "---|---|---|---|---|"]
     for name, c in config.nns.items():
-        rows.append(f"| {name} | {c.knobs.get('prune_ratio', 0):.2f} | {c.knobs.get('dtype')} | "
-                    f"{c.knobs.get('finetune_steps', 0)} | {c.error:.4g} ({c.metric}) | {c.backend} | "
-                    f"{c.latency_ms:.2f} | {c.macs / 1e6:.1f} | {c.params / 1e3:.1f} |")
+        rows.append(f"| {name} | " + " | ".join(knobs[name].get(col, "") for col in columns) +
+                    f" | {c.error:.4g} ({c.metric}) | {c.backend} | {c.latency_ms:.2f} | {c.macs / 1e6:.1f} | "
+                    f"{c.params / 1e3:.1f} |")
     return "\n".join(rows)
 
 
@@ -141,14 +144,14 @@ def _validation_table(result: Result) -> str:
     return "\n".join(rows)
 
 
-def _candidate_table(study: optuna.Study) -> str:
+def _candidate_table(study: StudySummary) -> str:
     rows = ["| trial | feasible | latency (ms) | errors | knobs |", "|---|---|---|---|---|"]
-    for t in study.get_trials(deepcopy=False):
-        if t.state != TrialState.COMPLETE:
+    for t in study.trials:
+        if t.state != "complete":
             continue
         knobs = ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
-        rows.append(f"| {t.number} | {bool(t.user_attrs.get('feasible'))} | {t.values[0]:.2f} | "
-                    f"{format_errors(t.user_attrs.get('errors', {}))} | {knobs} |")
+        latency = t.configuration.latency_ms if t.configuration else t.objectives.get("latency", float("nan"))
+        rows.append(f"| {t.number} | {t.feasible} | {latency:.2f} | {format_errors(t.errors)} | {knobs} |")
     return "\n".join(rows)
 
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from qaopt.app_spec import store
+
 Schedule = Literal["sequential", "parallel"]
 
 
@@ -67,17 +69,45 @@ class Speedups(_Model):
     aware_over_agnostic: float | None = Field(None, description="agnostic latency / aware latency")
 
 
+class TrialRecord(_Model):
+    """One finished trial of a study: what it sampled, where it fell, and what it measured."""
+
+    number: int
+    state: Literal["complete", "failed"]
+    params: dict[str, Any] = Field(description="the knobs and schedule Optuna sampled")
+    feasible: bool = Field(description="inside the region (aware) or within the reference errors (agnostic)")
+    objectives: dict[str, float] = Field(
+        default_factory=dict, description="the study's objective values by name (latency in ms, memory in MiB)")
+    errors: dict[str, float] = Field(default_factory=dict, description="the error vector in the region's axis names")
+    configuration: Configuration | None = Field(None, description="the compiled, tuned configuration (feasible trials)")
+    error: str | None = Field(None, description="why the trial failed")
+
+
 class StudySummary(_Model):
     name: str
     trials_complete: int
     trials_failed: int
     trials_feasible: int
     failures: list[str] = Field(default_factory=list, description="why each failed trial failed")
+    trials: list[TrialRecord] = Field(default_factory=list, description="every finished trial, in order")
+
+    def feasible_configurations(self) -> list[Configuration]:
+        """Every feasible, measured configuration, fastest first (the latency end of the Pareto front leads).
+
+        Not only the front: when closed-loop validation rules the fastest out, the next fastest is the one to try.
+        """
+        configs = [t.configuration for t in self.trials if t.feasible and t.configuration is not None]
+        return sorted(configs, key=lambda c: (c.latency_ms, c.memory_bytes or 0))
+
+
+RESULT_VERSION = 2
+"""Bumped when ``result.json`` changes meaning; 2 added the trials tables."""
 
 
 class Result(_Model):
-    """The outcome of one ``qaopt optimize`` run."""
+    """The outcome of one ``qaopt optimize`` run: everything the report shows, so the report needs nothing else."""
 
+    version: int = RESULT_VERSION
     app: str
     spec: str
     spec_hash: str
@@ -106,11 +136,7 @@ class Result(_Model):
         return self.aware is not None and any(v.accepted and v.trial == self.aware.trial for v in self.validations)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.model_dump_json(indent=2))
-        tmp.replace(path)
-        return path
+        return store.write_text(path, self.model_dump_json(indent=2))
 
     @classmethod
     def load(cls, path: str | Path) -> Result:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,16 +33,21 @@ from optuna.trial import FrozenTrial, TrialState
 
 from qaopt import kernels
 from qaopt.app_spec import AppSpec, QaoptError
-from qaopt.approx import RUNNABLE_ON, Candidate, Knobs, TargetNN, build
+from qaopt.approx import Candidate, Knobs, KnobSpace, SearchLimits, TargetNN, build
 from qaopt.calibrate import ErrorRegion
-from qaopt.pipeline import compile_nn, measure_configuration, schedules_for, threads_of
+from qaopt.kernels import schedules_for, threads_of
+from qaopt.measuring import measure_configuration, quick_latency
 from qaopt.profiles import Profile
-from qaopt.result import Configuration, StudySummary
+from qaopt.result import Configuration, StudySummary, TrialRecord
 
 Mode = Literal["aware", "agnostic"]
-PRUNE_STEP = 0.05
-"""Pruning ratios are sampled on a grid so that trials reuse each other's cached candidates."""
-QUICK_PROTOCOL = kernels.Protocol(warmup=1, repeats=3, max_seconds=5.0)
+MODES: tuple[Mode, ...] = ("aware", "agnostic")
+
+# The trial attributes a trial writes and :func:`summarize` alone reads.
+ATTR_ERRORS = "errors"
+ATTR_FEASIBLE = "feasible"
+ATTR_CONFIGURATION = "configuration"
+ATTR_FAILURE = "error"
 HEARTBEAT_S = 30
 GRACE_S = 120
 """A trial whose process sent no heartbeat for GRACE_S seconds is failed and retried by the next worker."""
@@ -94,7 +100,7 @@ def _redact(url: str) -> str:
 
 @dataclass
 class SearchContext:
-    """Everything a trial needs, built once per run."""
+    """Everything a trial needs, built once per run: the one place ``optimize`` builds candidates."""
 
     spec: AppSpec
     profile: Profile
@@ -102,7 +108,7 @@ class SearchContext:
     target: kernels.Target
     cache_dir: Path
     region: ErrorRegion
-    reference_errors: dict[str, float]
+    reference_knobs: dict[str, Knobs]
     agnostic_tolerance: float
     incumbent_ms: dict[Mode, float] = field(default_factory=dict)
     _measured: dict[tuple, tuple[dict, float, int | None]] = field(default_factory=dict, repr=False)
@@ -110,9 +116,20 @@ class SearchContext:
     def examples(self) -> dict[str, np.ndarray]:
         return {name: np.zeros(nn.input_shape, dtype=np.float32) for name, nn in self.nns.items()}
 
-    def build(self, name: str, knobs: Knobs) -> Candidate:
-        backend = None if self.target.backend == "auto" else self.target.backend
-        return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=backend)
+    def build(self, name: str, knobs: Knobs | Mapping[str, Any]) -> Candidate:
+        """NN ``name``'s candidate for ``knobs`` (a :class:`Knobs` or the dict a result stores), built or loaded."""
+        knobs = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(knobs)
+        return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=_backend_name(self.target), onnx=kernels.onnx)
+
+    @cached_property
+    def reference(self) -> dict[str, Candidate]:
+        """The reference NNs (nothing approximated), as candidates."""
+        return {name: self.build(name, knobs) for name, knobs in self.reference_knobs.items()}
+
+    @cached_property
+    def reference_nn_errors(self) -> dict[str, float]:
+        """Each reference NN's own error metric on its validation data (what accuracy-preserving compression keeps)."""
+        return {name: c.error for name, c in self.reference.items()}
 
     def measure(self, candidates: Mapping[str, Candidate], schedule: str, mode: Mode | None = None):
         """Compile and measure a configuration once per run: both studies and the reference share it,
@@ -134,7 +151,7 @@ class SearchContext:
     def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate]) -> float:
         """Optuna constraint value: <= 0 when feasible, else how far outside (relative)."""
         over_reference = max(
-            (c.error / max(self.reference_errors[n], 1e-12) - 1.0 - self.agnostic_tolerance for n, c in candidates.items()),
+            (c.error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - self.agnostic_tolerance for n, c in candidates.items()),
             default=0.0,
         )
         if mode == "agnostic":
@@ -142,7 +159,7 @@ class SearchContext:
         calibrated = {a.nn for a in self.region.space.axes}
         uncalibrated = [n for n in candidates if n not in calibrated]
         # An NN outside the error space has no proven headroom: it keeps its reference error.
-        if uncalibrated and max(candidates[n].error / max(self.reference_errors[n], 1e-12) - 1.0 - self.agnostic_tolerance
+        if uncalibrated and max(candidates[n].error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - self.agnostic_tolerance
                                 for n in uncalibrated) > 0:
             return 1.0
         if self.region.contains(errors):
@@ -168,13 +185,11 @@ class Objective:
             errors = ctx.errors_of(candidates)
             violation = ctx.violation(self.mode, errors, candidates)
             trial.set_constraint("region" if self.mode == "aware" else "reference_error", violation)
-            trial.set_user_attr("errors", errors)
-            trial.set_user_attr("nn_errors", {n: c.error for n, c in candidates.items()})
-            trial.set_user_attr("feasible", violation <= 0)
+            trial.set_user_attr(ATTR_ERRORS, errors)
+            trial.set_user_attr(ATTR_FEASIBLE, violation <= 0)
             if violation > 0:
                 # Infeasible: never tuned; a quick untuned figure keeps the sampler informed.
                 latency, memory = self._quick(candidates)
-                trial.set_user_attr("tuned", False)
                 return self._values(latency, memory)
             self.on_trial(f"{self.mode} trial {trial.number}: compiling and measuring on {ctx.target.device}")
             measured, latency, memory = ctx.measure(candidates, schedule, self.mode)
@@ -188,69 +203,33 @@ class Objective:
                 errors=errors,
                 in_region=True if self.mode == "aware" else ctx.region.contains(errors),
             )
-            trial.set_user_attr("tuned", True)
-            trial.set_user_attr("configuration", config.model_dump(mode="json"))
+            trial.set_user_attr(ATTR_CONFIGURATION, config.model_dump(mode="json"))
             return self._values(latency, memory)
         except Exception as exc:
-            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
+            trial.set_user_attr(ATTR_FAILURE, f"{type(exc).__name__}: {exc}")
             raise
 
     def _knobs(self, trial: optuna.Trial, name: str) -> Knobs:
-        space = self.ctx.spec.knobs_for(name)
-        profile = self.ctx.profile
-        ratio, steps, importance, round_to, per_layer = 0.0, 1, "l1", 8, {}
-        if space.pruning is not None:
-            lo, hi = space.pruning.ratio
-            # Rounded: 0.35000000000000003 and 0.35 must share one cached candidate.
-            ratio = round(trial.suggest_float(f"{name}.prune_ratio", lo, hi, step=PRUNE_STEP), 6) if hi > lo else lo
-            steps = min(space.pruning.steps, profile.max_prune_steps or space.pruning.steps)
-            importance, round_to, per_layer = space.pruning.importance, space.pruning.round_to, space.pruning.per_layer
-        rank = 1.0
-        if space.lowrank is not None:
-            lo, hi = space.lowrank.rank
-            rank = round(trial.suggest_float(f"{name}.rank_ratio", lo, hi, step=PRUNE_STEP), 6) if hi > lo else lo
-        dtype = trial.suggest_categorical(f"{name}.dtype", dtypes_for(self.ctx, name))
-        finetune = 0
-        if space.finetune is not None and (ratio > 0 or per_layer or rank < 1.0):
-            lo, hi = space.finetune.steps
-            if profile.max_finetune_steps is not None:
-                lo, hi = min(lo, profile.max_finetune_steps), min(hi, profile.max_finetune_steps)
-            finetune = trial.suggest_int(f"{name}.finetune_steps", lo, hi, step=max(1, (hi - lo) // 4)) if hi > lo else lo
-        return Knobs(
-            prune_ratio=ratio,
-            prune_steps=steps if ratio > 0 else 1,
-            importance=importance,
-            round_to=round_to,
-            per_layer=per_layer,
-            rank_ratio=rank,
-            dtype=dtype,
-            finetune_steps=finetune,
-            seed=self.ctx.spec.search.seed,
-        )
+        return knob_space(self.ctx, name).sample(trial, name, seed=self.ctx.spec.search.seed)
 
     def _quick(self, candidates: Mapping[str, Candidate]) -> tuple[float, int | None]:
-        """Untuned latency (sequential) on the first backend that runs each candidate."""
-        latency, memory = 0.0, 0
-        for name, c in candidates.items():
-            backend = "onnxruntime" if c.onnx_path is not None else "torch"
-            target = replace(self.ctx.target, backend=backend, tuning=kernels.TuningBudget())
-            m = compile_nn(c, self.ctx.examples()[name], target, self.ctx.cache_dir, protocol=QUICK_PROTOCOL)
-            latency += m.choice.latency_ms
-            memory = memory + m.choice.memory_bytes if memory is not None and m.choice.memory_bytes is not None else None
-        return latency, memory
+        """Untuned latency (sequential) on the first backend that runs each candidate (kernels' quick protocol)."""
+        return quick_latency(candidates, self.ctx.examples(), self.ctx.target, self.ctx.cache_dir)
 
     def _values(self, latency: float, memory: int | None) -> list[float]:
         figures = {"latency": latency, "memory": (memory or 0) / 2**20}
         return [figures[o] for o in self.ctx.spec.search.objectives]
 
 
-def dtypes_for(ctx: SearchContext, name: str) -> list[str]:
-    """The dtypes NN ``name`` may take: its spec's, less those the target's backend cannot run."""
-    space = ctx.spec.knobs_for(name)
-    dtypes = list(space.quantization.dtypes) if space.quantization is not None else ["fp32"]
-    if ctx.target.backend != "auto":
-        dtypes = [d for d in dtypes if ctx.target.backend in RUNNABLE_ON[d]] or ["fp32"]
-    return dtypes
+def knob_space(ctx: SearchContext, name: str) -> KnobSpace:
+    """What the search samples for NN ``name``: its spec section under the profile's caps and the target's backend."""
+    limits = SearchLimits(ctx.profile.max_prune_steps, ctx.profile.max_finetune_steps, _backend_name(ctx.target))
+    return KnobSpace.from_section(ctx.spec.knobs_for(name), limits, nn=name)
+
+
+def _backend_name(target: kernels.Target) -> str | None:
+    """The backend every candidate must run on, or ``None`` when ``auto`` picks one per candidate."""
+    return None if target.backend == "auto" else target.backend.name
 
 
 def run_study(
@@ -258,7 +237,6 @@ def run_study(
     mode: Mode,
     storage: RDBStorage,
     n_trials: int,
-    reference_knobs: Mapping[str, Knobs],
     on_trial: Callable[[str], None] = lambda message: None,
     on_done: Callable[[FrozenTrial], None] = lambda trial: None,
 ) -> optuna.Study:
@@ -277,21 +255,21 @@ def run_study(
     except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     # The reference configuration (nothing approximated) is always the first trial of both studies.
+    reference_knobs = ctx.reference_knobs
+    spaces = {nn: knob_space(ctx, nn) for nn in reference_knobs}
     params: dict[str, Any] = {}
     for nn, k in reference_knobs.items():
-        space = ctx.spec.knobs_for(nn)
-        if space.pruning is not None and space.pruning.ratio[1] > space.pruning.ratio[0]:
-            params[f"{nn}.prune_ratio"] = k.prune_ratio
-        params[f"{nn}.dtype"] = k.dtype
+        params.update(spaces[nn].params_of(k, nn))
     params["schedule"] = "sequential"
     study.enqueue_trial(params, skip_if_exists=True)
-    # Then each reduced precision alone (no pruning): what accuracy-preserving compression tries
-    # first, so that neither study has to come upon it by sampling.
-    for dtype in dict.fromkeys(d for nn in reference_knobs for d in dtypes_for(ctx, nn)):
-        quantized = {f"{nn}.dtype": dtype for nn, k in reference_knobs.items()
-                     if dtype != k.dtype and dtype in dtypes_for(ctx, nn)}
-        if quantized:
-            study.enqueue_trial({**params, **quantized}, skip_if_exists=True)
+    # Then each probe alone (each reduced precision, no pruning): what accuracy-preserving compression
+    # tries first, so that neither study has to come upon it by sampling.
+    probes = {nn: spaces[nn].probes() for nn in reference_knobs}
+    for probe in [dict(p) for p in dict.fromkeys(tuple(sorted(p.items())) for ps in probes.values() for p in ps)]:
+        changed = {f"{nn}.{knob}": value for nn, k in reference_knobs.items() if probe in probes[nn]
+                   for knob, value in probe.items() if getattr(k, knob) != value}
+        if changed:
+            study.enqueue_trial({**params, **changed}, skip_if_exists=True)
 
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
         on_done(trial)
@@ -317,24 +295,30 @@ def finished_trials(study: optuna.Study) -> int:
     )
 
 
-def feasible_configurations(study: optuna.Study) -> list[Configuration]:
-    """Every feasible, measured configuration, fastest first (the latency end of the Pareto front leads).
-
-    Not only the front: when closed-loop validation rules the fastest out, the next
-    fastest is the one to try.
-    """
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    configs = [Configuration.model_validate(t.user_attrs["configuration"]) for t in trials
-               if t.user_attrs.get("feasible") and t.user_attrs.get("configuration")]
-    return sorted(configs, key=lambda c: (c.latency_ms, c.memory_bytes or 0))
-
-
-def summarize(study: optuna.Study) -> StudySummary:
-    trials = study.get_trials(deepcopy=False)
+def summarize(study: optuna.Study, objectives: Sequence[str]) -> StudySummary:
+    """The study as the result holds it: counts and every finished trial, read from the trials' attributes once."""
+    records = [_record(t, objectives) for t in study.get_trials(deepcopy=False)
+               if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
     return StudySummary(
         name=study.study_name,
-        trials_complete=sum(t.state == TrialState.COMPLETE for t in trials),
-        trials_failed=sum(t.state == TrialState.FAIL for t in trials),
-        trials_feasible=sum(bool(t.user_attrs.get("feasible")) for t in trials if t.state == TrialState.COMPLETE),
-        failures=[f"trial {t.number}: {t.user_attrs.get('error', 'failed')}" for t in trials if t.state == TrialState.FAIL],
+        trials_complete=sum(r.state == "complete" for r in records),
+        trials_failed=sum(r.state == "failed" for r in records),
+        trials_feasible=sum(r.feasible for r in records if r.state == "complete"),
+        failures=[f"trial {r.number}: {r.error or 'failed'}" for r in records if r.state == "failed"],
+        trials=records,
+    )
+
+
+def _record(trial: FrozenTrial, objectives: Sequence[str]) -> TrialRecord:
+    attrs = trial.user_attrs
+    configuration = attrs.get(ATTR_CONFIGURATION)
+    return TrialRecord(
+        number=trial.number,
+        state="complete" if trial.state == TrialState.COMPLETE else "failed",
+        params=dict(trial.params),
+        feasible=bool(attrs.get(ATTR_FEASIBLE)),
+        objectives=dict(zip(objectives, trial.values, strict=True)) if trial.values else {},
+        errors=attrs.get(ATTR_ERRORS, {}),
+        configuration=Configuration.model_validate(configuration) if configuration else None,
+        error=attrs.get(ATTR_FAILURE),
     )

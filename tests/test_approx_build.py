@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from qaopt.app_spec.errors import QaoptError
-from qaopt.approx import ApproxError, ErrorMetric, FinetuneRecipe, Knobs, TargetNN, build
+from qaopt.approx import ApproxError, ErrorMetric, FinetuneRecipe, Knobs, TargetNN
+from qaopt.approx import build as _build
 from qaopt.approx.pruning import kept_channels
+from qaopt.kernels import onnx as onnx_toolchain
 
 torch.set_num_threads(1)
 SHAPE = (1, 3, 24, 32)
@@ -90,6 +92,11 @@ def cache(tmp_path):
 
 
 FAST = FinetuneRecipe(batch_size=16, lr=3e-3)
+
+
+def build(nn_, knobs, **kwargs):
+    """``qaopt.approx.build`` with the ONNX toolchain qaopt passes it (``qaopt.kernels.onnx``)."""
+    return _build(nn_, knobs, onnx=onnx_toolchain, **kwargs)
 
 
 def test_unpruned_fp32_candidate_measures_the_base_nn(tiny_nn, cache):
@@ -279,7 +286,7 @@ def test_array_like_image_sets_are_never_loaded_whole(tiny_nn, cache):
 
 
 def test_full_rank_factorization_computes_the_same_function(tiny_nn):
-    from qaopt.approx.lowrank import factorize
+    from qaopt.approx.passes.lowrank import factorize
 
     model = copy.deepcopy(tiny_nn.model)
     x = torch.from_numpy(tiny_nn.data.x_val[:8])
@@ -298,7 +305,7 @@ def test_full_rank_factorization_computes_the_same_function(tiny_nn):
 
 
 def test_a_full_rank_factor_pair_equals_the_convolution():
-    from qaopt.approx.lowrank import factor_conv
+    from qaopt.approx.passes.lowrank import factor_conv
 
     torch.manual_seed(0)
     conv = nn.Conv2d(8, 24, 3, stride=2, padding=1, bias=True)
@@ -317,3 +324,21 @@ def test_low_rank_candidates_shrink_and_recover(tiny_nn, cache):
     assert both.onnx_path.is_file() and both.macs < low.macs
     with pytest.raises(ApproxError, match="knob 'rank_ratio'"):
         build(tiny_nn, Knobs(rank_ratio=0.0), cache_dir=cache)
+
+
+def test_int8_without_an_onnx_toolchain_says_what_to_pass(tiny_nn, cache):
+    with pytest.raises(ApproxError, match=r"knob 'dtype': int8 needs an ONNX toolchain: pass onnx=qaopt.kernels.onnx"):
+        _build(tiny_nn, Knobs(dtype="int8"), cache_dir=cache)
+
+
+def test_candidate_metrics_are_a_versioned_artifact_and_an_older_entry_is_rebuilt(tiny_nn, cache):
+    import json
+
+    first = build(tiny_nn, Knobs(dtype="bf16"), cache_dir=cache)
+    meta = cache / "approx" / "candidates" / first.key / "candidate.json"
+    doc = json.loads(meta.read_text())
+    assert (doc["artifact"], doc["version"]) == ("approx.candidate", 1) and doc["data"]["knobs"]["dtype"] == "bf16"
+    meta.write_text(json.dumps(doc["data"]))  # as entries were written before the artifact store
+    again = build(tiny_nn, Knobs(dtype="bf16"), cache_dir=cache)
+    assert again.key == first.key and not again.from_cache and again.error == first.error
+    assert build(tiny_nn, Knobs(dtype="bf16"), cache_dir=cache).from_cache

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from qaopt.app_spec import load
 from qaopt.calibrate import ErrorRegion, Verdict
-from qaopt.calibration import build_calibration, calibrate_spec
+from qaopt.region_calibration import build_calibration, calibrate_spec
 from qaopt.cli import app, main
 
 SPEC = """

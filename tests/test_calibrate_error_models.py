@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qaopt.calibrate import AR1, CalibrationError, Empirical, Gaussian, error_metric, make_error_model
+from qaopt.app_spec.nn_errors import error_metric
+from qaopt.calibrate import AR1, CalibrationError, Empirical, Gaussian, make_error_model
 
 
 def _run(injector, steps: int, batch: int, seed: int = 0) -> np.ndarray:

@@ -68,6 +68,15 @@ def test_save_load_round_trip(region, tmp_path):
         ErrorRegion.load(tmp_path / "bad.json")
     with pytest.raises(CalibrationError, match="cannot read"):
         ErrorRegion.load(tmp_path / "missing.json")
+    (tmp_path / "torn.json").write_text(path.read_text()[: len(path.read_text()) // 2])
+    with pytest.raises(CalibrationError, match="cannot read"):
+        ErrorRegion.load(tmp_path / "torn.json")
+    del data["observations"]
+    data["format"] = 1
+    (tmp_path / "stale.json").write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match="malformed region"):
+        ErrorRegion.load(tmp_path / "stale.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "region.json", "stale.json", "torn.json"]
 
 
 def test_field_failure_overturns_simulator_points_above_it(region):

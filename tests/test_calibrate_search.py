@@ -188,3 +188,16 @@ def test_seed_base_gives_independent_runs(tmp_path):
     point = {"a": 0.9, "b": 0.5}  # borderline with 50 steps: runs differ
     assert a.evaluate(point) != b.evaluate(point)
     assert a.evaluate(point) == a.evaluate(point)
+
+
+@pytest.mark.parametrize("content", ['[{"failed": 0.0}, {"fai', '{"not": "a list"}', '[{"other": 1.0}]'])
+def test_a_torn_or_stale_cached_block_is_run_again(tmp_path, content):
+    app = CountingApp({"a": 1.0, "b": 1.0}, steps=50)
+    cal = make_cal(tmp_path, app=app)
+    first = cal.evaluate({"a": 0.2, "b": 0.2})
+    files = sorted((tmp_path / "calibrate" / "trials").rglob("*.json"))
+    assert files and not list((tmp_path / "calibrate" / "trials").rglob("*.tmp"))
+    files[0].write_text(content)
+    calls = app.calls
+    assert cal.evaluate({"a": 0.2, "b": 0.2}) == first
+    assert app.calls == calls + 1  # only the damaged block ran again

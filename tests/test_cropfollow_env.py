@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
+import textwrap
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -57,3 +62,40 @@ def test_bad_env_arguments():
         gym.make(cf.ENV_ID, observation="lidar")
     with pytest.raises(cf.CropFollowParamError, match="'field.row_spacing_m'"):
         gym.make(cf.ENV_ID, field={"row_spacing_m": -0.5})
+
+
+@pytest.mark.parametrize("action", [[np.nan, 0.0], [0.5, np.inf], [0.5, -np.inf]])
+def test_non_finite_action_is_refused_and_the_episode_goes_on(action):
+    env, twin = (gym.make(cf.ENV_ID, observation="truth", run_length_m=5.0) for _ in range(2))
+    env.reset(seed=2)
+    twin.reset(seed=2)
+    with pytest.raises(gym.error.InvalidAction, match="not finite"):
+        env.step(action)
+    obs, reward, *_ = env.step([0.5, 0.0])
+    assert env.observation_space.contains(obs) and np.isfinite(reward)
+    assert np.array_equal(obs, twin.step([0.5, 0.0])[0])  # the refused action changed nothing
+
+
+def test_render_before_reset_is_a_clear_error():
+    env = cf.CropFollowEnv(render_mode="rgb_array")
+    with pytest.raises(gym.error.ResetNeeded, match="call reset\\(\\) before render\\(\\)"):
+        env.render()
+    env.reset(seed=0)
+    assert env.render().shape == (240, 320, 3)
+    assert cf.CropFollowEnv().render() is None  # no render mode: nothing to draw, before reset too
+
+
+def test_make_in_a_fresh_interpreter_without_importing_qaopt():
+    """Gymnasium 1.x has no plugin entry points: ``module:id`` makes Gymnasium import the package."""
+    script = textwrap.dedent("""
+        import sys
+        import gymnasium as gym
+        assert not [m for m in sys.modules if m.startswith("qaopt")]
+        env = gym.make("qaopt.simulators.cropfollow:qaopt/CropFollow-v0", observation="truth")
+        obs, _ = env.reset(seed=1)
+        print(env.spec.id, env.observation_space.contains(obs))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=tempfile.gettempdir())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["qaopt/CropFollow-v0", "True"]

@@ -11,7 +11,7 @@ from qaopt.field import RunRecord
 from qaopt.field.summary import poisson_rate, summarize
 
 
-@pytest.mark.parametrize("k", [0, 1, 3, 17])
+@pytest.mark.parametrize("k", [0, 1, 3, 17, 400, 25_000])
 def test_poisson_interval_matches_chi_square_form(k):
     rate = poisson_rate(k, 250.0, confidence=0.9)
     scale = 100.0 / 250.0

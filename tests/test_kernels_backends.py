@@ -68,7 +68,7 @@ def test_exports_are_loadable(tiny, tmp_path):
 
     model, x, ref = tiny
     onnx_path = kernels.get_backend("onnxruntime").compile(model, [x], Target(threads=1)).export(tmp_path / "m")
-    out = ort.InferenceSession(str(onnx_path)).run(None, {"input0": x.numpy()})[0]
+    out = ort.InferenceSession(str(onnx_path)).run(None, {"input": x.numpy()})[0]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
 
     so = kernels.get_backend("tvm", cache_dir=tmp_path).compile(model, [x], Target(threads=1)).export(tmp_path / "m")
@@ -83,7 +83,8 @@ def test_exports_are_loadable(tiny, tmp_path):
 def test_cross_compiled_export_holds_aarch64_objects(tiny, tmp_path):
     import tarfile
 
-    from qaopt.kernels.tvm_backend import TvmBackend, build, export_library, prepare
+    from qaopt.kernels.tvm_backend import TvmBackend
+    from qaopt.kernels.tvm_build import build, export_library, prepare
 
     model, x, _ = tiny
     target = Target(mtriple="aarch64-linux-gnu", mcpu="cortex-a72", threads=4)
@@ -100,14 +101,12 @@ def test_cross_compiled_export_holds_aarch64_objects(tiny, tmp_path):
 def test_int8_qdq_onnx_runs_on_onnxruntime_and_tvm(tiny, tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from qaopt.kernels.onnxruntime_backend import export_onnx
-
     model, x, ref = tiny
-    fp32 = export_onnx(model, [x], tmp_path / "fp32.onnx")
+    fp32 = kernels.export_onnx(model, [x], tmp_path / "fp32.onnx")
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.batches = iter([{"input0": torch.rand(1, 3, 32, 32).numpy()} for _ in range(4)])
+            self.batches = iter([{"input": torch.rand(1, 3, 32, 32).numpy()} for _ in range(4)])
 
         def get_next(self):
             return next(self.batches, None)
@@ -241,3 +240,22 @@ def test_torch_compile_without_a_cxx_compiler_says_what_to_install(monkeypatch):
     reason = kernels.get_backend("torch-compile").unavailable_reason(Target())
     assert "no compiler" in reason and "g++" in reason and "'onnxruntime'" in reason
     assert kernels.get_backend("torch-compile").unavailable_reason(Target(device="rpc", rpc=kernels.RPCConfig(port=9190))) is not None
+
+
+def test_auto_recomputes_a_torn_or_stale_outcomes_file(tiny, tmp_path, monkeypatch):
+    import json
+
+    model, x, _ = tiny
+    auto = kernels.AutoBackend(["torch", "onnxruntime"], cache_dir=tmp_path, protocol=QUICK)
+    first = auto.compile(model, [x], Target(threads=1))
+    (cache,) = (tmp_path / "kernels" / "outcomes").glob("*.json")
+    assert json.loads(cache.read_text())["artifact"] == "kernels-outcomes"  # written through the versioned store
+    assert not list(cache.parent.glob(".*.tmp"))
+    tried = []
+    real_try = kernels.auto.AutoBackend._try
+    monkeypatch.setattr(kernels.auto.AutoBackend, "_try", lambda self, ref, *a: tried.append(ref) or real_try(self, ref, *a))
+    for broken in (cache.read_text()[:40], json.dumps([o.to_dict() for o in first.outcomes])):  # torn; old format
+        cache.write_text(broken)
+        tried.clear()
+        again = auto.compile(model, [x], Target(threads=1))
+        assert tried == ["torch", "onnxruntime"] and [o.backend for o in again.outcomes] == ["torch", "onnxruntime"]

@@ -20,8 +20,9 @@ import yaml
 from optuna.trial import TrialState
 from rich.console import Console
 
-import qaopt.optimizer as optimize_module
 import qaopt.search as search_module
+import qaopt.stages.region as region_stage
+import qaopt.stages.validation as validation_stage
 from qaopt import optimize
 from qaopt.result import Result
 from qaopt.search import OptimizeError
@@ -95,7 +96,7 @@ def test_rerun_resumes_without_repeating_work(tiny_run, monkeypatch):
     def no_calibration(*args, **kwargs):
         raise AssertionError("the region of this spec exists and must be reused")
 
-    monkeypatch.setattr(optimize_module, "calibrate_spec", no_calibration)
+    monkeypatch.setattr(region_stage, "calibrate_spec", no_calibration)
     again = optimize(spec, profile="quick", trials=4, console=QUIET)
     assert again.studies == first.studies
     assert again.aware == first.aware and again.validations == first.validations
@@ -207,16 +208,27 @@ def test_two_workers_share_one_study_on_postgres(tmp_path):
         assert len({t._trial_id for t in trials}) == len(trials)
 
 
-def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkeypatch, tmp_path):
+def _validation_ctx(spec_path: Path, cache_dir: Path, monkeypatch, fake_validation):
+    """What the validation stage needs of a run, with closed-loop runs replaced by ``fake_validation``."""
     from types import SimpleNamespace
 
-    from qaopt.app_spec import load
-    from qaopt.calibrate import ErrorRegion
     from qaopt.profiles import get_profile
+    from qaopt.spec import load_spec
+
+    monkeypatch.setattr(validation_stage, "validate_closed_loop", fake_validation)
+    monkeypatch.setattr(validation_stage, "make_evaluator", lambda spec: object())
+    return SimpleNamespace(spec=load_spec(spec_path), profile=get_profile("quick"), cache_dir=cache_dir,
+                           target=SimpleNamespace(threads=1), build=lambda nn, knobs: SimpleNamespace(predict=None))
+
+
+def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkeypatch, tmp_path):
+    from qaopt.calibrate import ErrorRegion
     from qaopt.result import Configuration, Validation
+    from qaopt.stages.region import ClosedLoopEvidence, application_key, fold
 
     spec_path, result = tiny_run
     region = ErrorRegion.load(result.region)
+    calibrated = region.to_json()
     base = result.reference
 
     def config(trial: int, a: float, b: float, latency: float) -> Configuration:
@@ -241,24 +253,21 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
                           verdict="invalid" if fails else "valid", accepted=not fails,
                           region_predicted_valid=region_predicted_valid, qos_metric_mean=float(fails), totals={})
 
-    monkeypatch.setattr(optimize_module, "validate_closed_loop", fake_validation)
-    monkeypatch.setattr(optimize_module, "_candidate", lambda ctx, nn, knobs: SimpleNamespace(predict=None))
-    monkeypatch.setattr(optimize_module, "make_evaluator", lambda spec: object())
-    ctx = SimpleNamespace(region=region, target=SimpleNamespace(threads=1))
-    validations, chosen = optimize_module._validate(load(spec_path), get_profile("quick"), ctx,
-                                                    [fastest, dominated, other], tmp_path)
+    ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
+    front = validation_stage.validate_front(ctx, [fastest, dominated, other], region, ClosedLoopEvidence(), base)
     assert validated == [1, 3], "the configuration dominating a closed-loop failure must be skipped"
-    assert chosen.trial == 3 and not region.contains(dominated.errors)
-    assert any(o.source == "closed-loop" for o in region.observations)
+    assert front.chosen.trial == 3
+    assert region.to_json() == calibrated, "the calibrated region is never changed by validation"
+    [run] = front.evidence.runs
+    assert run.errors == fastest.errors and run.failures == 6
+    grown = fold(region, front.evidence.of(application_key(ctx.spec)))
+    assert not grown.contains(dominated.errors) and any(o.source == "closed-loop" for o in grown.observations)
 
 
 def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeypatch, tmp_path):
-    from types import SimpleNamespace
-
-    from qaopt.app_spec import load
     from qaopt.calibrate import ErrorRegion
-    from qaopt.profiles import get_profile
     from qaopt.result import Validation
+    from qaopt.stages.region import ClosedLoopEvidence
 
     spec_path, result = tiny_run
     region = ErrorRegion.load(result.region)
@@ -273,18 +282,14 @@ def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeyp
         return Validation(trial=trial, runs=runs, passes=runs - fails, failures=fails, verdict="undecided", accepted=False,
                           region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0, totals={})
 
-    monkeypatch.setattr(optimize_module, "validate_closed_loop", fake_validation)
-    monkeypatch.setattr(optimize_module, "_candidate", lambda ctx, nn, knobs: SimpleNamespace(predict=None))
-    monkeypatch.setattr(optimize_module, "make_evaluator", lambda spec: object())
-    ctx = SimpleNamespace(region=region, target=SimpleNamespace(threads=1))
-    validations, chosen = optimize_module._validate(load(spec_path), get_profile("quick"), ctx, [approximated], tmp_path,
-                                                    reference=reference)
-    assert validated == [1, None] and chosen is None, "a configuration that failed a run is never reported as the result"
-    assert [v.trial for v in validations] == [1, None]
+    ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
+    front = validation_stage.validate_front(ctx, [approximated], region, ClosedLoopEvidence(), reference)
+    assert validated == [1, None] and front.chosen is None, "a configuration that failed a run is never the result"
+    assert [v.trial for v in front.validations] == [1, None]
 
-    # A second run reads both from the cache, labelled with this run's trial numbers.
+    # A second run reads both from the cache, labelled with this run's trial numbers, and adds no evidence twice.
     validated.clear()
-    again, _ = optimize_module._validate(load(spec_path), get_profile("quick"), ctx,
-                                         [approximated.model_copy(update={"trial": 7})], tmp_path, reference=reference)
-    assert validated == [] and [v.trial for v in again] == [7, None]
-    assert sum(o.source == "closed-loop" for o in region.observations) == 1, "cached runs are not evidence twice"
+    again = validation_stage.validate_front(ctx, [approximated.model_copy(update={"trial": 7})], region, front.evidence,
+                                            reference)
+    assert validated == [] and [v.trial for v in again.validations] == [7, None]
+    assert again.evidence == front.evidence and len(again.evidence.runs) == 1

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from qaopt.app_spec import load
+from qaopt.application import ApplicationError
 from qaopt.calibrate import AcceptanceTest
-from qaopt.validation import acceptable_failures, validate_closed_loop
+from qaopt.closed_loop import acceptable_failures, validate_closed_loop
 
 SPEC = Path(__file__).resolve().parent / "apps" / "tiny.yaml"
 
@@ -59,3 +62,15 @@ def test_too_few_runs_to_accept_still_run_all_unless_proven_invalid():
     app = ScriptedApp(failing={100})
     v = validate_closed_loop(app, {}, spec, 6, trial=1, region_predicted_valid=True, seed_base=100)
     assert (v.runs, v.failures, v.verdict) == (6, 1, "undecided")
+
+
+def test_an_evaluator_without_closed_loop_runs_is_named():
+    class InjectionOnly:
+        nn_names = ("a", "b")
+
+        def evaluate(self, injectors, seeds):
+            return [{"errors": 0.0} for _ in seeds]
+
+    with pytest.raises(ApplicationError, match=r"InjectionOnly has no method evaluate_perception\(nns, seeds, "
+                                               r"render_threads=1\); closed-loop validation"):
+        validate_closed_loop(InjectionOnly(), {}, _spec(), 8, trial=1, region_predicted_valid=True)

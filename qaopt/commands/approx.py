@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -10,24 +9,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from qaopt.app_spec import load
+from qaopt.spec import load_spec
 from qaopt.app_spec.errors import QaoptError
+from qaopt.app_spec.store import cache_root
 
 app = typer.Typer(help="Build and measure approximated NNs (pruning, quantization, fine-tuning).", no_args_is_help=True)
 
-KNOB_ALIASES = {"pruning": "prune_ratio", "quantization": "dtype", "finetune": "finetune_steps", "lowrank": "rank_ratio"}
-
-
 def _default_values(knob: str, space) -> list:
     """Values to sweep when none are given: the spec's range for the knob."""
-    if knob == "prune_ratio":
-        lo, hi = space.pruning.ratio if space.pruning else (0.0, 0.9)
-        return [round(float(v), 3) for v in _linspace(lo, hi, 5)]
-    if knob == "dtype":
-        return list(space.quantization.dtypes) if space.quantization else ["fp32", "int8"]
-    if knob == "finetune_steps":
-        lo, hi = space.finetune.steps if space.finetune else (0, 400)
-        return sorted({int(v) for v in _linspace(lo, hi, 3)})
+    from qaopt.approx import knob_names
+
+    if knob in knob_names() and knob != "seed" and len(points := space.choices(knob)) > 1:
+        return points
     raise QaoptError(f"--knob {knob}: give the values to sweep with --values")
 
 
@@ -46,7 +39,8 @@ def _parse(text: str) -> list:
 def sweep(
     spec: Path = typer.Argument(..., help="The application spec (YAML)."),
     nn: str = typer.Option(..., "--nn", help="The NN to approximate (a key of the spec's nns)."),
-    knob: str = typer.Option("pruning", "--knob", help="pruning | quantization | finetune | lowrank, or a Knobs field name."),
+    knob: str = typer.Option("pruning", "--knob", help="an approximation pass (pruning, quantization, finetune, lowrank, ...) "
+                             "to sweep its first knob, or a knob's name."),
     values: str | None = typer.Option(None, "--values", help="Comma-separated values (default: the spec's range)."),
     dtype: str | None = typer.Option(None, help="Fixed dtype while another knob is swept (default fp32)."),
     prune_ratio: float | None = typer.Option(None, help="Fixed prune ratio while another knob is swept."),
@@ -55,20 +49,26 @@ def sweep(
     threads: int | None = typer.Option(None, help="Threads for timing (default: the spec's target.threads, else 2)."),
 ) -> None:
     """Build (or load from the cache) one candidate per value and print error, MACs, parameters and latency."""
-    app_spec = load(spec)
+    app_spec = load_spec(spec)
     if nn not in app_spec.nns:
         raise QaoptError(f"--nn {nn}: the spec has no NN named {nn!r}; its NNs are {', '.join(app_spec.nns)}")
-    knob = KNOB_ALIASES.get(knob, knob)
-    space = app_spec.knobs_for(nn)
-    fixed = {k: v for k, v in {"dtype": dtype, "prune_ratio": prune_ratio}.items() if v is not None}
-    fixed["finetune_steps"] = finetune_steps if finetune_steps is not None else (space.finetune.steps[1] if space.finetune else 0)
-    from qaopt.approx import TargetNN, knobs_from_space  # torch: imported only when a sweep runs
-    from qaopt.approx import sweep as sweep_candidates
-    from qaopt.approx.latency import latency_ms
+    from qaopt.approx import KnobSpace
+    from qaopt.approx.passes import passes
 
-    base = knobs_from_space(space, **fixed)
+    knob = {p.name: next(iter(p.Knobs.model_fields)) for p in passes()}.get(knob, knob)
+    space = KnobSpace.from_section(app_spec.knobs_for(nn), nn=nn)
+    fixed = {k: v for k, v in {"dtype": dtype, "prune_ratio": prune_ratio}.items() if v is not None}
+    fixed["finetune_steps"] = finetune_steps if finetune_steps is not None else space.choices("finetune_steps")[-1]
+    from qaopt.approx import TargetNN  # torch: imported only when a sweep runs
+    from qaopt.approx import sweep as sweep_candidates
+    import numpy as np
+
+    from qaopt import kernels
+    from qaopt.measuring import untuned_latency
+
+    base = space.base(**fixed)
     points = _parse(values) if values else _default_values(knob, space)
-    cache_dir = os.environ.get("QAOPT_CACHE_DIR") or app_spec.output.cache_dir
+    cache_dir = cache_root(configured=app_spec.output.cache_dir)
     console = Console(width=max(Console().width, 120))  # a narrower table wraps every cell
     console.print(f"loading NN {nn!r} and its data")
     target = TargetNN.from_spec(nn, app_spec.nns[nn])
@@ -80,8 +80,8 @@ def sweep(
     ) as bar:
         task = bar.add_task("", total=len(points), point="")
         candidates = sweep_candidates(
-            target, base, knob, points, cache_dir=cache_dir, backend=app_spec.target.backend,
-            progress=lambda m: bar.update(task, description=m),
+            target, base, knob, points, cache_dir=cache_dir, backend=kernels.BackendRef.parse(app_spec.target.backend).name,
+            onnx=kernels.onnx, progress=lambda m: bar.update(task, description=m),
         )
         for point in points:
             bar.update(task, point=f"{knob}={point}", description="building")
@@ -89,7 +89,8 @@ def sweep(
             timing = None
             if latency:
                 bar.update(task, description="timing")
-                timing = latency_ms(cand, target.input_shape, threads=threads or app_spec.target.threads or 2)
+                timing = untuned_latency(cand, np.zeros(target.input_shape, dtype=np.float32), kernels.Target.from_spec(
+                    app_spec.target.model_copy(update={"threads": threads or app_spec.target.threads or 2})), cache_dir)
             rows.append((point, cand, timing))
             bar.advance(task)
     console.print(_table(nn, knob, rows))
@@ -119,6 +120,3 @@ def _table(nn: str, knob: str, rows: list) -> Table:
         )
     return table
 
-
-def _linspace(lo: float, hi: float, n: int) -> list[float]:
-    return [lo + (hi - lo) * i / (n - 1) for i in range(n)]

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from qaopt.app_spec import load
+from qaopt.spec import load_spec
 
 
 def calibrate(
@@ -25,10 +25,10 @@ def calibrate(
     are cached, so an interrupted calibration resumes when run again.
     """
     from qaopt.calibrate import Verdict  # scipy/sklearn: only when a calibration runs
-    from qaopt.calibration import build_calibration, calibrate_spec
     from qaopt.field.evidence import spec_evidence
+    from qaopt.region_calibration import build_calibration, calibrate_spec
 
-    app_spec = load(spec)
+    app_spec = load_spec(spec)
     console = Console()
     cal = build_calibration(app_spec)
     field = spec_evidence(app_spec)  # runs logged in evaluator.field.store, if the spec names one

@@ -1,12 +1,15 @@
 """``qaopt field ...``: log field runs live, import, export and summarize them, plan the next.
 
 The store is ``--store`` (a SQLite file or a SQLAlchemy URL; env ``QAOPT_FIELD_STORE``)
-or the ``evaluator.field.store`` of ``--spec``.
+or the ``evaluator.field.store`` of ``--spec``. The same commands run alone as
+``qaopt-field ...`` (:func:`main`), which needs only the field log's light dependencies
+(the robot's install, ``docs/field.md``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -15,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from qaopt.app_spec.errors import QaoptError
 from qaopt.field import FieldError, Run, Store
 from qaopt.field.records import COLLISION, INTERVENTION
 
@@ -26,18 +30,23 @@ StoreOpt = typer.Option(None, "--store", envvar="QAOPT_FIELD_STORE",
 SpecOpt = typer.Option(None, "--spec", help="Use the spec's evaluator.field.store.")
 
 
+def _report(problem: str) -> None:
+    """A stored row that does not read back: named on stderr, the command goes on."""
+    typer.echo(f"warning: skipped: {problem}", err=True)
+
+
 def open_store(store: str | None, spec: Path | None) -> Store:
     """The store named on the command line, else the spec's ``evaluator.field.store``."""
     if store:
-        return Store(store)
+        return Store(store, on_problem=_report)
     if spec is not None:
-        from qaopt.app_spec import load
+        from qaopt.spec import load_spec
 
-        field = load(spec, check_entry_points=False).evaluator.field
+        field = load_spec(spec, check_entry_points=False).evaluator.field
         if field is None:
             raise FieldError(f"{spec}: evaluator.field is not set; add `evaluator: {{field: "
                              "{store: field.db}}}` or pass --store")
-        return Store(field.store)
+        return Store(field.store, on_problem=_report)
     raise FieldError("no field store given; pass --store FILE_OR_URL, --spec SPEC, "
                      "or set QAOPT_FIELD_STORE")
 
@@ -157,11 +166,11 @@ def export(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="File to write (default: stdout)."),
     application: Optional[str] = typer.Option(None, "--app", help="Only this application's runs."),
 ) -> None:
-    """Export runs; JSON exports import back unchanged into any store."""
+    """Export runs (excluded ones too, with their exclusion); JSON exports import back unchanged."""
     from qaopt.field.transfer import write_records
 
     with open_store(store, spec) as st:
-        records = st.runs(application=application)
+        records = st.runs(application=application, include_excluded=True)
     if output is None:
         write_records(records, sys.stdout, fmt)
         return
@@ -199,17 +208,30 @@ def summary(
     Console(width=200).print(table)
 
 
+@app.command("exclude")
+def exclude(
+    run_id: str = typer.Argument(..., help="The run to set aside (its id, as `export` shows it)."),
+    reason: str = typer.Option(..., "--reason", help="Why, kept with the run (e.g. 'odometer reset')."),
+    store: Optional[str] = StoreOpt,
+    spec: Optional[Path] = SpecOpt,
+) -> None:
+    """Leave a bad run out of summary, evidence and plan; it stays in the store and in exports."""
+    with open_store(store, spec) as st:
+        st.exclude(run_id, reason)
+    typer.echo(f"run {run_id} excluded: {reason.strip()}")
+
+
 def _spec_region(spec_path: Path, region_path: Path | None, store: str | None, console: Console):
     """The spec, its calibrated region (or an empty one) and the field evidence folded into it.
 
     The region defaults to ``<output.dir>/region.json``, where ``qaopt calibrate`` writes it.
     """
-    from qaopt.app_spec import load
+    from qaopt.spec import load_spec
     from qaopt.calibrate import ErrorRegion
-    from qaopt.calibration import acceptance_of, space_of
+    from qaopt.spec_adapter import acceptance_of, space_of
     from qaopt.field.evidence import apply_evidence, spec_evidence
 
-    spec = load(spec_path, check_entry_points=False)
+    spec = load_spec(spec_path, check_entry_points=False)
     space = space_of(spec)
     default = Path(spec.output.dir) / "region.json"
     if region_path is None and default.exists():
@@ -324,3 +346,19 @@ def plan(
                       "-" if p.reject_failures is None else str(p.reject_failures),
                       "-" if p.distance_m is None else f"{p.distance_m / 1000:.1f} km")
     console.print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``qaopt-field``: the field commands alone, for the robot's light install.
+
+    As ``qaopt`` does, bad input prints ``error: ...`` lines and exits 2 (a traceback
+    only with ``QAOPT_DEBUG=1``).
+    """
+    try:
+        app(args=argv, prog_name="qaopt-field")
+    except QaoptError as exc:
+        if os.environ.get("QAOPT_DEBUG"):
+            raise
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            typer.echo(f"error: {line}", err=True)
+        sys.exit(2)

@@ -12,9 +12,10 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from qaopt import kernels
-from qaopt.app_spec import load
+from qaopt.spec import load_spec
 from qaopt.app_spec.entrypoints import load_entry_point
 from qaopt.app_spec.errors import QaoptError
+from qaopt.app_spec.store import cache_root
 
 app = typer.Typer(help="Compile, tune and time NNs on the target (torch, torch-compile, tvm, onnxruntime, auto).",
                   no_args_is_help=True)
@@ -24,21 +25,21 @@ app = typer.Typer(help="Compile, tune and time NNs on the target (torch, torch-c
 def bench(
     spec: Path = typer.Argument(..., help="The application spec (YAML)."),
     nn: list[str] = typer.Option(None, "--nn", help="NNs to measure (default: all of the spec's)."),
-    backend: str | None = typer.Option(None, help="Override target.backend (torch, torch-compile, tvm, onnxruntime, auto)."),
+    backend: str | None = typer.Option(None, help="Override target.backend (torch, torch[channels_last], torch-compile, "
+                                                   "tvm, onnxruntime, auto, or a registered one)."),
     trials: int | None = typer.Option(None, help="Override target.tuning.trials (0: no tuning)."),
     threads: int | None = typer.Option(None, help="Override target.threads."),
 ) -> None:
     """Measure the spec's NNs (their reference architecture and weights) as the target would run them."""
     import torch
 
-    app_spec = load(spec)
+    app_spec = load_spec(spec)
     names = nn or list(app_spec.nns)
     unknown = [n for n in names if n not in app_spec.nns]
     if unknown:
         raise QaoptError(f"--nn {', '.join(unknown)}: not in {spec}'s nns ({', '.join(app_spec.nns)})")
-    target = kernels.Target.from_spec(app_spec.target)
     overrides = {"backend": backend, "threads": threads}
-    target = replace(target, **{k: v for k, v in overrides.items() if v is not None})
+    target = kernels.Target.from_spec(app_spec.target.model_copy(update={k: v for k, v in overrides.items() if v is not None}))
     if trials is not None:
         target = replace(target, tuning=replace(target.tuning, trials=trials))
     table = Table(title=f"{spec.name}: {target.device}, backend {target.backend}, {target.threads or 'all'} threads")
@@ -51,7 +52,7 @@ def bench(
             nn_spec = app_spec.nns[name]
             model = load_entry_point(nn_spec.model)(**nn_spec.args)
             example = torch.rand(*nn_spec.input_shape)
-            compiled = kernels.compile(model, [example], target, cache_dir=app_spec.output.cache_dir)
+            compiled = kernels.compile(model, [example], target, cache_dir=cache_root(configured=app_spec.output.cache_dir))
             outcomes = compiled.outcomes if isinstance(compiled, kernels.AutoCompiled) else [
                 kernels.Outcome(compiled.backend, compiled.measure())]
             for o in outcomes:

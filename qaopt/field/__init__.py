@@ -13,9 +13,17 @@ Summaries, import/export and calibration evidence live in submodules that the CL
 (``qaopt field ...``) imports when it needs them.
 """
 
-from .errors import FieldError, ImportRowsError, RowProblem, StoreVersionError
+from .errors import (
+    FieldDataWarning,
+    FieldError,
+    FieldValueError,
+    ImportRowsError,
+    RowProblem,
+    StoreVersionError,
+)
 from .records import (
     COLLISION,
+    EXCLUDED,
     INTERVENTION,
     NOTE,
     PROGRESS,
@@ -30,6 +38,7 @@ from .store import Store
 
 __all__ = [
     "COLLISION",
+    "EXCLUDED",
     "INTERVENTION",
     "NOTE",
     "PROGRESS",
@@ -37,7 +46,9 @@ __all__ = [
     "Conditions",
     "Configuration",
     "Event",
+    "FieldDataWarning",
     "FieldError",
+    "FieldValueError",
     "ImportRowsError",
     "RowProblem",
     "Run",

@@ -11,6 +11,14 @@ class FieldError(QaoptError):
     """Bad use of the field log (a closed run, an unknown run id, a bad store URL)."""
 
 
+class FieldValueError(FieldError, ValueError):
+    """A value the field log refuses before writing anything (a negative distance, NaN, a bad status)."""
+
+
+class FieldDataWarning(UserWarning):
+    """A stored row that does not read back as a valid record; it is left out and reported."""
+
+
 class StoreVersionError(FieldError):
     """The store was written by a newer qaopt than the one reading it."""
 

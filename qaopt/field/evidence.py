@@ -23,7 +23,7 @@ import numpy as np
 from qaopt.app_spec import AppSpec
 from qaopt.calibrate import Evidence, ErrorRegion, ErrorSpace, QoSGoal
 from qaopt.calibrate.region import SIMULATOR
-from qaopt.calibration import goal_of, space_of
+from qaopt.spec_adapter import goal_of, space_of
 
 from .errors import FieldError
 from .records import COLLISION, INTERVENTION, RunRecord

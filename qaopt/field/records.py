@@ -7,11 +7,15 @@ a valid record is.
 
 from __future__ import annotations
 
+import math
+from numbers import Real
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from qaopt.app_spec.hashing import content_hash
+
+from .errors import FieldValueError
 
 COLLISION = "collision"
 """A collision with the crop (or any obstacle): the QoS failure CropFollow counts."""
@@ -20,13 +24,72 @@ INTERVENTION = "intervention"
 PROGRESS = "progress"
 """Odometry checkpoint: keeps the distance of a run that dies before it ends."""
 NOTE = "note"
+EXCLUDED = "excluded"
+"""Appended by ``qaopt field exclude`` (:meth:`~qaopt.field.store.Store.exclude`): the run is
+left out of summaries, evidence and plans, and stays in the store and its exports."""
 
 RunStatus = Literal["complete", "aborted", "incomplete"]
 """``complete``: ended normally; ``aborted``: ended by an exception in the robot's code;
 ``incomplete``: never ended (still running, or its process died)."""
+END_STATUSES = ("complete", "aborted")
 
 _KIND_PATTERN = r"^[a-z][a-z0-9_]*$"
 NonNegative = Annotated[float, Field(ge=0)]
+
+
+def check_json(value: Any, path: str = "") -> Any:
+    """``value`` when it is plain JSON with finite numbers, else ValueError naming where.
+
+    Free-form data (event data, knobs, extra conditions) is stored as JSON: NaN and
+    infinity are not JSON, and an object JSON cannot hold would not read back.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Real):
+        if not math.isfinite(value):
+            raise ValueError(f"{_at(path)}{value!r} is not a finite number (NaN and infinity cannot be stored)")
+        return value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{_at(path)}key {k!r} is not a string")
+            check_json(v, f"{path}.{k}" if path else k)
+        return value
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_json(v, f"{path}[{i}]")
+        return value
+    raise ValueError(f"{_at(path)}a {type(value).__name__} is not JSON; use numbers, strings, lists and dicts")
+
+
+JSON = AfterValidator(check_json)
+"""Free-form values stored as JSON: checked by :func:`check_json`."""
+
+
+def check_metres(value: Any, what: str, *, required: bool = False) -> float | None:
+    """An odometer reading checked before it is written: a finite number of metres >= 0."""
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise FieldValueError(f"{what}: distance_m must be a number of metres, got {value!r} "
+                              f"({type(value).__name__}); convert it first, e.g. float(reading)")
+    if not math.isfinite(value) or value < 0:
+        raise FieldValueError(f"{what}: distance_m must be a finite number of metres >= 0, got {value!r}")
+    return float(value)
+
+
+def _at(path: str) -> str:
+    return f"{path}: " if path else ""
+
+
+def error_fields(exc: ValidationError) -> list[tuple[str, str]]:
+    """A pydantic error as ``(dotted field path, message)`` pairs."""
+    return [(".".join(str(p) for p in err["loc"]), err["msg"]) for err in exc.errors()]
+
+
+def describe(exc: ValidationError) -> str:
+    """A pydantic error on one line: ``field: message; field: message``."""
+    return "; ".join(f"{f}: {m}" if f else m for f, m in error_fields(exc))
 
 
 class _Record(BaseModel):
@@ -42,7 +105,7 @@ class Configuration(_Record):
     """
 
     hash: str = ""
-    knobs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    knobs: Annotated[dict[str, dict[str, Any]], JSON] = Field(default_factory=dict)
     nn_errors: dict[str, NonNegative] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -63,6 +126,11 @@ class Conditions(_Record):
     weather: str | None = None
     light: str | None = None
 
+    @model_validator(mode="after")
+    def _json_extra(self) -> Conditions:
+        check_json(self.model_extra or {})
+        return self
+
 
 class Event(_Record):
     """Something that happened during a run, at a time and (when known) a place.
@@ -77,7 +145,7 @@ class Event(_Record):
     t_s: float | None = None
     distance_m: float | None = Field(default=None, ge=0)
     position: dict[str, float] | None = None
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: Annotated[dict[str, Any], JSON] = Field(default_factory=dict)
 
 
 class Attachment(_Record):
@@ -124,6 +192,12 @@ class RunRecord(_Record):
         """Where in the NN-error space this run is evidence: each injected error, and the
         deployed configuration's measured error for every NN not injected (None if neither)."""
         return {**self.config.nn_errors, **(self.error_point or {})} or None
+
+    @property
+    def exclusion(self) -> str | None:
+        """Why the run was excluded (``qaopt field exclude``), or None when it counts."""
+        found = [e for e in self.events if e.kind == EXCLUDED]
+        return str(found[-1].data.get("reason", "")) if found else None
 
     def count(self, kind: str) -> int:
         return sum(1 for e in self.events if e.kind == kind)

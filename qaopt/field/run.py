@@ -17,8 +17,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import FieldError
+from pydantic import BaseModel, ValidationError
+
+from .errors import FieldError, FieldValueError
 from .records import (
+    EXCLUDED,
     NOTE,
     PROGRESS,
     Attachment,
@@ -27,6 +30,8 @@ from .records import (
     Event,
     RunRecord,
     RunStatus,
+    check_metres,
+    describe,
 )
 from .store import Store
 
@@ -45,6 +50,11 @@ class Run:
     distance is the last odometer reading given to :meth:`progress` or :meth:`event`.
     A process killed inside the block leaves the run ``incomplete`` with every event
     logged before the kill.
+
+    Every value is checked before anything is written: a bad one (a negative or NaN
+    distance, a string where a number belongs, NaN inside event data, an unknown status)
+    raises :class:`~qaopt.field.FieldValueError` (a ``ValueError``), the store is left as
+    it was, and the run stays open for the next call.
     """
 
     def __init__(
@@ -63,14 +73,14 @@ class Run:
         self._store_arg = store
         self._store: Store | None = None
         self.id = run_id or uuid.uuid4().hex
-        self._record = RunRecord(
+        self._record = _valid(RunRecord, "Run", dict(
             id=self.id, application=application,
-            config=Configuration.model_validate(config or {}),
+            config=_valid(Configuration, "Run: config", config or {}),
             error_point=dict(error_point) if error_point is not None else None,
-            conditions=Conditions.model_validate(conditions or {}),
+            conditions=_valid(Conditions, "Run: conditions", conditions or {}),
             operator=operator, notes=notes, started_at=datetime.now(timezone.utc),
             host=socket.gethostname(), pid=os.getpid(), source=source,
-        )
+        ))
         self._t0 = 0.0
         self._seq = 0
         self._distance_m: float | None = None
@@ -108,12 +118,17 @@ class Run:
         """Log an event (``"collision"``, ``"intervention"`` or a kind of your own) now.
 
         ``distance_m`` is the odometer along the row, ``position`` any coordinates; other
-        keyword arguments are kept as the event's data. Durable when this returns.
+        keyword arguments are kept as the event's data (JSON: numbers must be finite).
+        Durable when this returns.
         """
         self._check_open()
-        ev = Event(kind=kind, at=datetime.now(timezone.utc), t_s=time.monotonic() - self._t0,
-                   distance_m=distance_m, position=dict(position) if position else None,
-                   data=data)
+        if kind == EXCLUDED:
+            raise FieldValueError(f"run.event: kind {EXCLUDED!r} is kept for `qaopt field exclude` "
+                                  "(Store.exclude); name your event kind otherwise")
+        distance_m = check_metres(distance_m, "run.event")
+        ev = _valid(Event, "run.event", dict(
+            kind=kind, at=datetime.now(timezone.utc), t_s=time.monotonic() - self._t0,
+            distance_m=distance_m, position=dict(position) if position else None, data=data))
         self.store.add_event(self.id, self._seq, ev)
         self._seq += 1
         if distance_m is not None:
@@ -122,7 +137,7 @@ class Run:
 
     def progress(self, distance_m: float, **data: Any) -> Event:
         """Log the odometer, so that a run that dies still has a known distance."""
-        return self.event(PROGRESS, distance_m=distance_m, **data)
+        return self.event(PROGRESS, distance_m=check_metres(distance_m, "run.progress", required=True), **data)
 
     def note(self, text: str) -> Event:
         return self.event(NOTE, text=text)
@@ -139,9 +154,7 @@ class Run:
             message: str = "") -> None:
         """End the run with the distance driven (default: the last odometer reading)."""
         self._check_open()
-        if status == "incomplete":
-            raise FieldError("a run ends as 'complete' or 'aborted'; an incomplete run is one that never ended")
-        distance = self._distance_m if distance_m is None else distance_m
+        distance = self._distance_m if distance_m is None else distance_m  # checked by end_run
         self.store.end_run(self.id, status=status, ended_at=datetime.now(timezone.utc),
                            distance_m=distance, message=message)
         self.status, self._distance_m = status, distance
@@ -165,3 +178,13 @@ class Run:
             raise FieldError(f"run {self.id} has not started; use `with Run(...) as run:` or run.start()")
         if self.status is not None:
             raise FieldError(f"run {self.id} has ended ({self.status}); start a new Run to log more")
+
+
+def _valid(model: type[BaseModel], what: str, data: Any):
+    """``model`` validated from ``data``, or :class:`FieldValueError` naming each bad field."""
+    if isinstance(data, model):
+        return data
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise FieldValueError(f"{what}: {describe(exc)}") from None

@@ -9,18 +9,22 @@ call returns, what it wrote is on disk.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, insert, select
+from pydantic import ValidationError
+from sqlalchemy import Engine, create_engine, event, func, insert, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 
 from . import schema as t
-from .errors import FieldError
+from .errors import FieldDataWarning, FieldError, FieldValueError
 from .migrations import ensure_schema
-from .records import Attachment, Event, RunRecord, RunStatus
+from .records import END_STATUSES, EXCLUDED, Attachment, Event, RunRecord, RunStatus, check_metres, describe
 
 DEFAULT_BUSY_TIMEOUT_S = 60.0
 
@@ -74,11 +78,16 @@ class Store:
     """A field store at ``url`` (a SQLAlchemy URL or a SQLite file path).
 
     Opening creates or migrates the tables. Writes are append-only; reads return
-    :class:`~qaopt.field.records.RunRecord` objects.
+    :class:`~qaopt.field.records.RunRecord` objects. A stored row that does not read back
+    as a valid record (written by an older qaopt, or by hand) never stops a read: it is
+    left out and reported through ``on_problem`` (default: a
+    :class:`~qaopt.field.FieldDataWarning`), and every other run is returned.
     """
 
     def __init__(self, url: str | Path, *, base_dir: str | Path | None = None,
-                 busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S):
+                 busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+                 on_problem: Callable[[str], None] | None = None):
+        self.on_problem = on_problem or _warn
         self.url = resolve_url(url, base_dir)
         try:
             if make_url(self.url).get_backend_name() == "sqlite":
@@ -111,8 +120,12 @@ class Store:
 
     def start_run(self, record: RunRecord) -> None:
         """Insert a new run (its events and end come later, through the calls below)."""
-        with self.engine.begin() as conn:
-            conn.execute(insert(t.runs).values(_run_row(record)))
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(t.runs).values(_run_row(record)))
+        except IntegrityError:
+            raise FieldValueError(f"run id {record.id!r} is already in {self.display_url}; give each "
+                                  "run its own id (or leave run_id out for a fresh one)") from None
 
     def add_event(self, run_id: str, seq: int, ev: Event) -> None:
         with self.engine.begin() as conn:
@@ -124,7 +137,18 @@ class Store:
 
     def end_run(self, run_id: str, *, status: RunStatus, ended_at, distance_m: float | None,
                 message: str = "") -> None:
-        """Record a run's end; a second end of the same run is refused."""
+        """Record a run's end; a second end of the same run is refused.
+
+        ``status`` is ``complete`` or ``aborted`` and ``distance_m`` a finite number of
+        metres >= 0 (or None): anything else is refused before it is written.
+        """
+        if status not in END_STATUSES:
+            raise FieldValueError(f"end: status {status!r}: a run ends as 'complete' or 'aborted'"
+                                  + ("; an incomplete run is one that never ended"
+                                     if status == "incomplete" else ""))
+        if not isinstance(message, str):
+            raise FieldValueError(f"end: message must be text, got {type(message).__name__}")
+        distance_m = check_metres(distance_m, "end")
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert(t.run_ends).values(
@@ -136,6 +160,14 @@ class Store:
 
     def add_records(self, records: Sequence[RunRecord]) -> None:
         """Insert whole runs in ONE transaction: all of them or, on any error, none."""
+        try:
+            self._add_records(records)
+        except IntegrityError:
+            raise FieldValueError(f"nothing imported: a run id is already in {self.display_url} (written "
+                                  "meanwhile, or a stored run that does not read back); give the "
+                                  "new runs their own ids") from None
+
+    def _add_records(self, records: Sequence[RunRecord]) -> None:
         with self.engine.begin() as conn:
             for rec in records:
                 conn.execute(insert(t.runs).values(_run_row(rec)))
@@ -150,11 +182,41 @@ class Store:
                         run_id=rec.id, ended_at=rec.ended_at, status=rec.status,
                         distance_m=rec.distance_m, message=rec.end_message))
 
+    def exclude(self, run_id: str, reason: str) -> Event:
+        """Leave a run out of summaries, evidence and plans, keeping it in the store.
+
+        Appends an ``excluded`` event with the reason (records are append-only: nothing is
+        deleted, and an export still carries the run and its exclusion). Works on a run
+        whose rows no longer read back, so a bad record can always be set aside. Its
+        sequence number is negative, so it never collides with the events a live run is
+        still writing (0, 1, 2, ...).
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise FieldValueError("exclude: give a reason (--reason TEXT), e.g. 'odometer reset mid-run'")
+        ev = Event(kind=EXCLUDED, at=datetime.now(timezone.utc), data={"reason": reason.strip()})
+        with self.engine.begin() as conn:
+            if conn.execute(select(t.runs.c.id).where(t.runs.c.id == run_id)).first() is None:
+                raise FieldError(f"no run {run_id!r} in field store {self.display_url}")
+            done = conn.execute(select(t.events.c.data).where(
+                t.events.c.run_id == run_id, t.events.c.kind == EXCLUDED)).first()
+            if done is not None:
+                raise FieldError(f"run {run_id} is already excluded ({(done[0] or {}).get('reason', '')})")
+            lowest = conn.execute(select(func.min(t.events.c.seq))
+                                  .where(t.events.c.run_id == run_id)).scalar()
+            conn.execute(insert(t.events).values(_event_row(run_id, min(lowest or 0, 0) - 1, ev)))
+        return ev
+
     # ---- reads ---------------------------------------------------------------------------
 
-    def runs(self, *, application: str | None = None,
-             ids: Iterable[str] | None = None) -> list[RunRecord]:
-        """Runs (oldest first) with their events and attachments."""
+    def runs(self, *, application: str | None = None, ids: Iterable[str] | None = None,
+             include_excluded: bool = False) -> list[RunRecord]:
+        """Runs (oldest first) with their events and attachments.
+
+        Runs excluded with :meth:`exclude` are left out unless ``include_excluded``. A row
+        that does not validate is reported through ``on_problem`` and left out: a bad run
+        row drops that run, a bad event or attachment row drops that row, a bad end row
+        makes the run read as incomplete.
+        """
         query = select(t.runs, t.run_ends).join_from(
             t.runs, t.run_ends, t.runs.c.id == t.run_ends.c.run_id, isouter=True
         ).order_by(t.runs.c.started_at, t.runs.c.id)
@@ -165,25 +227,75 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(query).mappings().all()
             wanted = [r["id"] for r in rows]
-            evs: dict[str, list[Event]] = defaultdict(list)
-            atts: dict[str, list[Attachment]] = defaultdict(list)
+            evs: dict[str, list] = defaultdict(list)
+            atts: dict[str, list] = defaultdict(list)
             for chunk in _chunks(wanted, 500):
                 for e in conn.execute(select(t.events).where(t.events.c.run_id.in_(chunk))
                                       .order_by(t.events.c.run_id, t.events.c.seq)).mappings():
-                    evs[e["run_id"]].append(Event(
-                        kind=e["kind"], at=e["at"], t_s=e["t_s"], distance_m=e["distance_m"],
-                        position=e["position"], data=e["data"]))
+                    evs[e["run_id"]].append(e)
                 for a in conn.execute(select(t.attachments).where(t.attachments.c.run_id.in_(chunk))
                                       .order_by(t.attachments.c.id)).mappings():
-                    atts[a["run_id"]].append(Attachment(path=a["path"], kind=a["kind"],
-                                                        added_at=a["added_at"]))
-        return [_record(r, evs[r["id"]], atts[r["id"]]) for r in rows]
+                    atts[a["run_id"]].append(a)
+        out = []
+        for r in rows:
+            if not include_excluded and any(e["kind"] == EXCLUDED for e in evs[r["id"]]):
+                continue
+            rec = self._record(r, evs[r["id"]], atts[r["id"]])
+            if rec is not None:
+                out.append(rec)
+        return out
 
     def run(self, run_id: str) -> RunRecord:
-        found = self.runs(ids=[run_id])
+        """One run, excluded or not."""
+        found = self.runs(ids=[run_id], include_excluded=True)
         if not found:
-            raise FieldError(f"no run {run_id!r} in field store {self.display_url}")
+            raise FieldError(f"no run {run_id!r} in field store {self.display_url} (or it does not "
+                             "read back: see the warning above)")
         return found[0]
+
+    def _record(self, row, events: list, attachments: list) -> RunRecord | None:
+        """A run read back from its rows, each validated on its own (see :meth:`runs`)."""
+        run_id = row["id"]
+        fix = f"; `qaopt field exclude {run_id} --reason ...` sets the run aside"
+
+        def report(what: str, exc: ValidationError, consequence: str) -> None:
+            self.on_problem(f"{self.display_url}: run {run_id}: {what}: {describe(exc)}; {consequence}{fix}")
+
+        def valid(model, data: dict[str, Any], what: str, consequence: str):
+            try:
+                return model.model_validate(data)
+            except ValidationError as exc:
+                report(what, exc, consequence)
+                return None
+
+        base = dict(
+            id=run_id, application=row["application"],
+            config={"hash": row["config_hash"], "knobs": row["config_knobs"],
+                    "nn_errors": row["nn_errors"]},
+            error_point=row["error_point"], conditions=row["conditions"], operator=row["operator"],
+            notes=row["notes"], started_at=row["started_at"], host=row["host"], pid=row["pid"],
+            source=row["source"],
+        )
+        base["events"] = tuple(ev for e in events if (ev := valid(
+            Event, {k: e[k] for k in Event.model_fields}, f"event {e['seq']} ({e['kind']})",
+            "that event is left out")) is not None)
+        base["attachments"] = tuple(a for x in attachments if (a := valid(
+            Attachment, {k: x[k] for k in Attachment.model_fields}, f"attachment {x['path']!r}",
+            "that attachment is left out")) is not None)
+        if row["run_id"] is not None:  # ended: the whole record in one go, the usual case
+            try:
+                return RunRecord.model_validate({
+                    **base, "ended_at": row["ended_at"], "status": row["status"],
+                    "distance_m": row["distance_m"], "end_message": row["message"]})
+            except ValidationError as exc:
+                bad_end = exc
+        started = valid(RunRecord, base, "run", "the run is left out")
+        if started is not None and row["run_id"] is not None:
+            report("end", bad_end, "the run reads as incomplete")
+        return started
+
+def _warn(message: str) -> None:
+    warnings.warn(message, FieldDataWarning, stacklevel=5)  # at the caller of runs()
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
@@ -205,18 +317,3 @@ def _event_row(run_id: str, seq: int, ev: Event) -> dict:
     return dict(run_id=run_id, seq=seq, **ev.model_dump())
 
 
-def _record(row, events: list[Event], attachments: list[Attachment]) -> RunRecord:
-    ended = row["run_id"] is not None
-    return RunRecord(
-        id=row["id"], application=row["application"],
-        config={"hash": row["config_hash"], "knobs": row["config_knobs"],
-                "nn_errors": row["nn_errors"]},
-        error_point=row["error_point"], conditions=row["conditions"], operator=row["operator"],
-        notes=row["notes"], started_at=row["started_at"], host=row["host"], pid=row["pid"],
-        source=row["source"],
-        ended_at=row["ended_at"] if ended else None,
-        status=row["status"] if ended else "incomplete",
-        distance_m=row["distance_m"] if ended else None,
-        end_message=row["message"] if ended else "",
-        events=tuple(events), attachments=tuple(attachments),
-    )

@@ -114,7 +114,7 @@ def read_records(path: str | Path, fmt: str | None = None) -> list[Located]:
 def import_file(store: Store, path: str | Path, fmt: str | None = None) -> ImportResult:
     """Import a file into ``store``: all of its new runs, or nothing."""
     located = read_records(path, fmt)
-    existing = {r.id: r for r in store.runs(ids=[loc.record.id for loc in located])}
+    existing = {r.id: r for r in store.runs(ids=[loc.record.id for loc in located], include_excluded=True)}
     result = ImportResult()
     problems = []
     new = []

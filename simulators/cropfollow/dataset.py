@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from qaopt.app_spec.hashing import content_hash
+from qaopt.app_spec.store import cache_root
 
 from .config import NN_NAMES, SimConfig, check_nn
 from .errors import CropFollowParamError
@@ -38,7 +39,8 @@ SHARD_FRAMES = 250
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("QAOPT_CACHE_DIR", ".qaopt-cache"))
+    """The cache root when no folder is given (:func:`qaopt.app_spec.store.cache_root`)."""
+    return cache_root()
 
 
 class FrameArray:

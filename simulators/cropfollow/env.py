@@ -5,7 +5,13 @@ The agent commands (v, w) at the perception rate and observes the camera frame
 (``observation="truth"``: heading deg, distance ratio; no rendering). The reward
 is the metres gained along the row, less 1 per collision and 10 per intervention.
 An episode terminates at ``run_length_m`` and is truncated at the time limit. The
-physics and the QoS bookkeeping are the evaluator's own kernels.
+physics and the QoS bookkeeping are the evaluator's own kernels. An action that is
+not two finite numbers raises ``gymnasium.error.InvalidAction`` (it would poison the
+episode's state); finite actions outside the box are clipped to it.
+
+Gymnasium 1.x has no plugin entry points, so the id is registered when this package is
+imported; ``gymnasium.make("qaopt.simulators.cropfollow:qaopt/CropFollow-v0")`` imports
+it for you (Gymnasium's ``module:id`` form).
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ class CropFollowEnv(gym.Env):
     def step(self, action: Any):
         if self._batch is None:
             raise gym.error.ResetNeeded("call reset() before step()")
-        action = np.clip(np.asarray(action, dtype=np.float64).reshape(2), self.action_space.low, self.action_space.high)
+        action = np.clip(_finite_action(action), self.action_space.low, self.action_space.high)
         b = self._batch
         before = b.state[0].copy()
         dyn.open_loop_step(action[:1], action[1:], b.state, b.curvature, b.keys, self._step, self._phys, b.truth)
@@ -83,6 +89,8 @@ class CropFollowEnv(gym.Env):
         return self._observe(), float(reward), terminated, truncated, self._info()
 
     def render(self) -> np.ndarray | None:
+        if self.render_mode == "rgb_array" and self._batch is None:
+            raise gym.error.ResetNeeded("call reset() before render(): there is no episode to draw yet")
         return self._frame() if self.render_mode == "rgb_array" else None
 
     def _frame(self) -> np.ndarray:
@@ -105,6 +113,20 @@ class CropFollowEnv(gym.Env):
             "distance_ratio": float(b.truth[1, 0]),
             "seed": b.seeds[0],
         }
+
+
+def _finite_action(action: Any) -> np.ndarray:
+    """``action`` as (v m/s, w rad/s), refused unless it is two finite numbers."""
+    try:
+        a = np.asarray(action, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise gym.error.InvalidAction(f"action {action!r}: give two numbers (v m/s, w rad/s)") from None
+    if a.size != 2:
+        raise gym.error.InvalidAction(f"action {action!r}: give two numbers (v m/s, w rad/s), got {a.size}")
+    if not np.all(np.isfinite(a)):
+        raise gym.error.InvalidAction(f"action {action!r} is not finite: NaN or infinity would corrupt "
+                                      "the episode; the state is unchanged, pass finite (v, w)")
+    return a.reshape(2)
 
 
 def register() -> None:

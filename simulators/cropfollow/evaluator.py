@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from qaopt.calibrate.protocols import Application, Injector, Perception
+
 from . import dynamics as dyn
 from .config import NN_NAMES, SimConfig
 from .control import build_control
@@ -23,12 +25,8 @@ from .errors import CropFollowParamError, PerceptionError
 from .field import N_CURVATURE_MODES, Field
 from .render import Renderer, Scene, episode_style
 
-
 Estimator = Callable[[int, "Batch"], tuple[np.ndarray, np.ndarray]]
 """``(step, batch) -> (heading_deg, distance_ratio)`` estimates, each shape (B,)."""
-
-Perception = Callable[[np.ndarray], Any]
-"""A perception NN: float32 images (B, 3, H, W) in [0, 1] -> estimates (B,) or (B, 1)."""
 
 
 def physics(config: SimConfig) -> dyn.Physics:
@@ -137,8 +135,11 @@ def _as_estimate(value: Any, nn: str, n: int) -> np.ndarray:
     return out
 
 
-class CropFollowEvaluator:
-    """The CropFollow application as a :class:`qaopt.calibrate.protocols.QoSEvaluator`.
+class CropFollowEvaluator(Application):
+    """The CropFollow application; it keeps the application protocol, :class:`qaopt.calibrate.protocols.Application`.
+
+    A perception NN (:data:`~qaopt.calibrate.protocols.Perception`) takes float32 images
+    (B, 3, H, W) in [0, 1] and returns estimates (B,) or (B, 1), as torch or numpy.
 
     ``CropFollowEvaluator(run_length_m=100.0, controller="mpc", field={...}, robot={...},
     camera={...}, controller_params={...})``; see :class:`.config.SimConfig`. Each seed is
@@ -161,7 +162,7 @@ class CropFollowEvaluator:
             if name not in self.nn_names:
                 raise PerceptionError(name, f"not an NN of CropFollow; {what} takes {', '.join(self.nn_names)}")
 
-    def evaluate(self, injectors: Mapping[str, Callable[..., np.ndarray]], seeds: Sequence[int]) -> list[dict[str, float]]:
+    def evaluate(self, injectors: Mapping[str, Injector], seeds: Sequence[int]) -> list[dict[str, float]]:
         """Error-injection runs: each NN outputs ``injector(truth, rng, step)``; NNs left out are perfect."""
         self._check_names(list(injectors), "evaluate")
         seeds = check_seeds(seeds)

@@ -84,23 +84,3 @@ def reference_report(target: str = "heading", backbone: str = "compact", cache_d
     """The stored validation report of a trained reference NN, or None if it is not trained yet."""
     meta = weights_path(target, backbone, cache_dir, **recipe).with_suffix(".json")
     return json.loads(meta.read_text())["report"] if meta.exists() else None
-
-
-def torch_perception(model: Any, device: str = "cpu", batch_size: int = 64):
-    """Wrap a torch NN as a perception callable: float32 ndarray (B,3,H,W) -> ndarray (B,).
-
-    What :meth:`CropFollowEvaluator.evaluate_perception` takes for each NN.
-    """
-    import numpy as np
-    import torch
-
-    model = model.eval().to(device)
-
-    def perceive(images: np.ndarray) -> np.ndarray:
-        out = []
-        with torch.inference_mode():
-            for i in range(0, len(images), batch_size):
-                out.append(model(torch.from_numpy(images[i : i + batch_size]).to(device)).float().cpu().numpy().reshape(-1))
-        return np.concatenate(out)
-
-    return perceive

@@ -4,16 +4,21 @@ Each perception step shows an 8x8 grey image whose left half has brightness ``a`
 and right half ``b``; NN ``a`` estimates ``a``, NN ``b`` estimates ``b``. The
 application "crashes" in a run when the running mean of |error| over 5 steps
 exceeds 0.35 for either NN: a monotone QoS, like a robot leaving its row.
+
+:class:`TinyEvaluator` declares the application protocol (:class:`qaopt.calibrate.Application`)
+by subclassing it, and ``qaopt.check_application`` passes on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+
+from qaopt.calibrate.protocols import Application, Injector, Perception
 
 STEPS = 30
 WINDOW = 5
@@ -87,10 +92,10 @@ def tiny_net(target: str = "a", steps: int = 150) -> TinyNet:
     return model.eval()
 
 
-class TinyEvaluator:
+class TinyEvaluator(Application):
     """The application: QoS metric ``crashes`` (0 or 1 per run)."""
 
-    nn_names = NAMES
+    nn_names: tuple[str, ...] = NAMES
 
     def __init__(self, steps: int = STEPS):
         self.steps = steps
@@ -104,7 +109,7 @@ class TinyEvaluator:
             crashed.append(float((means > LIMIT).any()))
         return [{"crashes": c, "steps": float(self.steps)} for c in crashed]
 
-    def evaluate(self, injectors: Mapping[str, Callable], seeds: Sequence[int]) -> list[dict[str, float]]:
+    def evaluate(self, injectors: Mapping[str, Injector], seeds: Sequence[int]) -> list[dict[str, float]]:
         truth = np.stack([_drive(s) for s in seeds])  # (B, STEPS, 2)
         rng = np.random.default_rng(list(seeds))
         est = truth.copy()
@@ -114,7 +119,9 @@ class TinyEvaluator:
                     est[:, t, k] = np.asarray(injectors[name](truth[:, t, k].copy(), rng, t)).reshape(-1)
         return self._qos(est - truth)
 
-    def evaluate_perception(self, nns: Mapping[str, Callable], seeds: Sequence[int]) -> list[dict[str, float]]:
+    def evaluate_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int],
+                            render_threads: int = 1) -> list[dict[str, float]]:
+        """NNs read the runs' images; ``render_threads`` is accepted and unused (the images are cheap)."""
         truth = np.stack([_drive(s) for s in seeds])
         rng = np.random.default_rng(list(seeds))
         images = _images(truth.reshape(-1, 2), rng)

@@ -3,39 +3,27 @@
 The region was charted with *injected* errors; a real pruned or quantized NN errs
 in its own way (bias, correlation over frames, failure on particular scenes). So a
 configuration is accepted only after the application ran with the real NNs in the
-loop over many seeds and met its QoS goal at the spec's confidence, and the report
-says how often the region's prediction agreed.
+loop (:meth:`qaopt.calibrate.Application.evaluate_perception`) over many seeds and
+met its QoS goal at the spec's confidence, and the report says how often the
+region's prediction agreed.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Mapping
 
 import numpy as np
 
-from qaopt.app_spec import AppSpec, QaoptError
-from qaopt.calibrate import AcceptanceTest, QoSGoal, Verdict
+from qaopt.app_spec import AppSpec
+from qaopt.application import check_method
+from qaopt.calibrate import AcceptanceTest, Application, Perception, Verdict
 from qaopt.result import Validation
+from qaopt.spec_adapter import acceptance_of, goal_of
 
 VALIDATION_SEED_BASE = 5_000_000
 """Validation seeds are disjoint from calibration's and from the seeds simulators use for their NNs'
 training and validation data (CropFollow's validation drives use 1,000,000 + ...), so a validation
 run never replays a field the NNs were measured on."""
-
-
-class PerceptionEvaluator(Protocol):
-    """An application that can run with real NNs reading its sensor frames.
-
-    ``nns`` maps NN names to callables from a batch of inputs to a batch of outputs;
-    NNs left out get perfect perception. Returns one metrics mapping per seed. An
-    evaluator may also take ``render_threads`` to spread its sensor rendering over cores.
-    """
-
-    def evaluate_perception(
-        self, nns: Mapping[str, Callable[[np.ndarray], np.ndarray]], seeds: Sequence[int]
-    ) -> list[dict[str, float]]: ...
 
 
 def acceptable_failures(test: AcceptanceTest, runs: int) -> int:
@@ -47,8 +35,8 @@ def acceptable_failures(test: AcceptanceTest, runs: int) -> int:
 
 
 def validate_closed_loop(
-    evaluator: object,
-    nns: Mapping[str, Callable[[np.ndarray], np.ndarray]],
+    evaluator: Application,
+    nns: Mapping[str, Perception],
     spec: AppSpec,
     runs: int,
     *,
@@ -63,26 +51,19 @@ def validate_closed_loop(
     the runs stop as soon as the configuration can no longer be accepted within ``runs``
     (more failures than the test tolerates at ``runs``) or is already proven invalid. One
     closed-loop run costs seconds of rendering and inference, so a failing configuration
-    costs a block or two instead of the whole budget. ``threads`` is passed on as
-    ``render_threads`` to evaluators that take it.
+    costs a block or two instead of the whole budget. ``threads`` is the evaluator's
+    ``render_threads``.
     """
-    if not hasattr(evaluator, "evaluate_perception"):
-        raise QaoptError(
-            f"evaluator.simulator: {type(evaluator).__name__} has no evaluate_perception(nns, seeds); closed-loop "
-            "validation needs the application to run with real NNs in the loop"
-        )
-    goal = QoSGoal(spec.qos.metric, spec.qos.max, spec.qos.min)
-    a = spec.qos.acceptance
-    test = AcceptanceTest(a.max_failure_rate, a.confidence, a.min_trials, a.max_trials)
+    check_method(evaluator, "evaluate_perception")
+    goal, test = goal_of(spec), acceptance_of(spec)
     tolerated = acceptable_failures(test, runs)
-    options = {"render_threads": threads} if "render_threads" in inspect.signature(evaluator.evaluate_perception).parameters else {}
     records: list[Mapping[str, float]] = []
     failures = 0
     while len(records) < runs:
-        seeds = [seed_base + i for i in range(len(records), min(runs, len(records) + a.min_trials))]
-        block = evaluator.evaluate_perception(dict(nns), seeds, **options)
+        seeds = [seed_base + i for i in range(len(records), min(runs, len(records) + test.min_trials))]
+        block = evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads)
         records += block
-        failures += sum(not goal.passes(r[spec.qos.metric]) for r in block)
+        failures += sum(not goal.passes(r[goal.metric]) for r in block)
         out_of_reach = tolerated >= 0 and failures > tolerated
         if out_of_reach or test.decide_fixed(failures, len(records)) == Verdict.INVALID:
             break
@@ -95,6 +76,6 @@ def validate_closed_loop(
         verdict=verdict.value,
         accepted=verdict == Verdict.VALID,
         region_predicted_valid=region_predicted_valid,
-        qos_metric_mean=float(np.mean([r[spec.qos.metric] for r in records])),
+        qos_metric_mean=float(np.mean([r[goal.metric] for r in records])),
         totals={k: float(sum(r[k] for r in records)) for k in records[0]} if records else {},
     )

@@ -1,0 +1,121 @@
+"""The backend registry: names a spec can use in ``target.backend``, and the typed reference to one.
+
+A backend is registered under a plain name, with the variants it accepts::
+
+    register_backend("torch", TorchBackend.factory, variants=("channels_last",))
+
+and referred to by a :class:`BackendRef`, written ``name`` or ``name[variant]``
+in YAML, JSON and tables (``torch[channels_last]``). :func:`BackendRef.parse` is
+the one place that reads that text; everything else handles the typed reference.
+
+The built-in backends are registered by :mod:`.builtin` when ``qaopt.kernels`` is
+imported; this module imports no backend, so nothing here forms an import circle.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from qaopt.app_spec.schema import BACKEND_REF_PATTERN
+
+from .errors import BackendUnavailableError
+
+_REF = re.compile(BACKEND_REF_PATTERN)
+HOW_TO_REGISTER = ("register one with qaopt.kernels.register_backend(name, factory) before the spec is loaded "
+                   "(see docs/extending.md, 'Adding a backend')")
+
+
+@dataclass(frozen=True, eq=False)
+class BackendRef:
+    """A backend by name, optionally one of its variants (``BackendRef("torch", "channels_last")``).
+
+    ``str()`` gives the spec's spelling (``torch[channels_last]``), used in tables
+    and JSON. A reference compares equal to that spelling too, so that code and
+    specs that hold the plain string (``target.backend == "auto"``) read naturally.
+    """
+
+    name: str
+    variant: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _REF.match(self.name) or "[" in self.name or (self.variant is not None and not _REF.match(self.variant)):
+            raise BackendUnavailableError(f"target.backend: '{self}' is not a backend name (letters, digits, '-', '_', "
+                                          "'.', optionally a variant in brackets: torch[channels_last])")
+
+    @classmethod
+    def parse(cls, ref: str | BackendRef) -> BackendRef:
+        """``"torch[channels_last]"`` -> ``BackendRef("torch", "channels_last")``; a reference is returned as is."""
+        if isinstance(ref, BackendRef):
+            return ref
+        match = _REF.match(str(ref))
+        if match is None:
+            raise BackendUnavailableError(f"target.backend: '{ref}' is not a backend name (letters, digits, '-', '_', "
+                                          "'.', optionally a variant in brackets: torch[channels_last])")
+        return cls(match["name"], match["variant"])
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.variant}]" if self.variant else self.name
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (BackendRef, str)):
+            return str(self) == str(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: Callable[..., Any]
+    variants: tuple[str, ...]
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_backend(name: str, factory: Callable[..., Any], *, variants: Sequence[str] = ()) -> None:
+    """Add a backend (a team's own compiler, say) under ``name``; a spec can then name it in ``target.backend``.
+
+    ``factory(**options)`` returns a :class:`~qaopt.kernels.Backend`; options are
+    ``cache_dir`` and ``incumbent_ms`` (accept and ignore what you do not use), and
+    ``variant`` when the spec names one of ``variants`` (``name[variant]``).
+    """
+    ref = BackendRef.parse(name)
+    if ref.variant:
+        raise BackendUnavailableError(f"register_backend: '{name}': register the plain name and list the variant "
+                                      f"in variants=('{ref.variant}',)")
+    _REGISTRY[ref.name] = _Entry(factory, tuple(variants))
+
+
+def resolve(ref: str | BackendRef) -> BackendRef:
+    """The reference to a registered backend; an unknown name or variant is a clear error that lists the known ones."""
+    ref = BackendRef.parse(ref)
+    entry = _REGISTRY.get(ref.name)
+    if entry is None:
+        raise BackendUnavailableError(f"target.backend: no backend named '{ref.name}'; registered: "
+                                      f"{', '.join(backend_names())}. To use another, {HOW_TO_REGISTER}")
+    if ref.variant is not None and ref.variant not in entry.variants:
+        known = ", ".join(entry.variants) or "none"
+        raise BackendUnavailableError(f"target.backend: backend '{ref.name}' has no variant '{ref.variant}' "
+                                      f"(its variants: {known})")
+    return ref
+
+
+def get_backend(ref: str | BackendRef, **options: Any) -> Any:
+    """The backend ``ref`` names ('torch', 'torch[channels_last]', 'tvm', 'onnxruntime', 'auto', …).
+
+    ``options`` go to the backend's factory (e.g. ``cache_dir`` for 'tvm' and 'auto').
+    """
+    ref = resolve(ref)
+    if ref.variant is not None:
+        options["variant"] = ref.variant
+    return _REGISTRY[ref.name].factory(**options)
+
+
+def backend_names() -> list[str]:
+    """Every name a spec may use in ``target.backend``, variants included."""
+    return sorted(str(BackendRef(name, v)) for name, entry in _REGISTRY.items() for v in (None, *entry.variants))

@@ -1,0 +1,159 @@
+"""Measuring several models as one perception frame, under a schedule.
+
+Luthier found that how the work is spread over the cores mattered more than which
+kernel ran, so the schedule is measured, not assumed:
+
+- ``sequential``: the models run one after another, each with all the target's
+  threads; a frame costs the sum of their latencies.
+- ``parallel``: the models run side by side, the threads split between them; a
+  frame costs the wall time until the slowest finishes, measured with them
+  running at once (:func:`measure_concurrent`).
+
+Every figure here is taken by :func:`.measure.measure_callable`, the one timing
+loop, under one :class:`.measure.Protocol`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from .compiler import compile
+from .errors import KernelsError
+from .measure import Measurement, Protocol, measure_callable
+from .model import Model, is_onnx
+from .registry import BackendRef, get_backend
+from .target import Target, TuningBudget
+from .torch_backends import torch_threads
+
+Schedule = Literal["sequential", "parallel"]
+SCHEDULES: tuple[Schedule, ...] = ("sequential", "parallel")
+QUICK = Protocol(warmup=1, repeats=3, max_seconds=5.0)
+"""The quick protocol of :func:`measure_untuned`: enough to rank, not to report."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model of a frame: what to compile, its example inputs, and the backends that have kernels for its dtype.
+
+    ``runnable_on`` (backend names) limits ``auto`` to those backends and picks the
+    backend of an untuned measurement; ``None``: any backend.
+    """
+
+    model: Model
+    example_inputs: tuple[Any, ...]
+    runnable_on: tuple[str, ...] | None = None
+
+
+@dataclass
+class MeasuredModel:
+    """One model compiled for the target, with its measurement."""
+
+    compiled: Any  # Compiled
+    measurement: Measurement
+
+    @property
+    def backend(self) -> str:
+        return self.compiled.backend
+
+    @property
+    def backends_measured(self) -> dict[str, float | str]:
+        """Every backend's median latency (ms), or why it could not run (``auto`` measures several)."""
+        outcomes = getattr(self.compiled, "outcomes", ())
+        return ({o.backend: o.measurement.median_ms if o.measurement else str(o.error) for o in outcomes}
+                or {self.compiled.backend: self.measurement.median_ms})
+
+
+@dataclass
+class FrameMeasurement:
+    """A frame's models, compiled and measured under ``schedule``: latency per frame (ms) and memory (bytes)."""
+
+    schedule: Schedule
+    models: dict[str, MeasuredModel]
+    latency_ms: float
+    memory_bytes: int | None
+
+
+def schedules_for(n_models: int, threads: int) -> tuple[Schedule, ...]:
+    """Schedules worth measuring: side by side needs at least one thread per model."""
+    return SCHEDULES if n_models > 1 and threads >= n_models else ("sequential",)
+
+
+def threads_of(target: Target) -> int:
+    """The target's thread count; all the cores this process may use when it sets none."""
+    return target.threads or len(os.sched_getaffinity(0))
+
+
+def measure_model(workload: Workload, target: Target, *, cache_dir: str | Path | None = None,
+                  incumbent_ms: float | None = None, protocol: Protocol = Protocol()) -> MeasuredModel:
+    """Compile (and tune, within the target's budget) one model and measure it alone."""
+    compiled = compile(workload.model, workload.example_inputs, target, cache_dir=cache_dir, incumbent_ms=incumbent_ms,
+                       runnable_on=workload.runnable_on)
+    return MeasuredModel(compiled, compiled.measure(protocol))
+
+
+def measure_frame(workloads: Mapping[str, Workload], schedule: Schedule, target: Target, *,
+                  cache_dir: str | Path | None = None, incumbent_ms: float | None = None,
+                  protocol: Protocol = Protocol()) -> FrameMeasurement:
+    """Compile every model for ``schedule`` (its share of the threads) and measure the frame."""
+    if schedule not in SCHEDULES:
+        raise KernelsError(f"schedule: '{schedule}' is not one of {', '.join(SCHEDULES)}")
+    threads = threads_of(target)
+    share = max(1, threads // len(workloads)) if schedule == "parallel" else threads
+    model_target = replace(target, threads=share)
+    models = {name: measure_model(w, model_target, cache_dir=cache_dir, incumbent_ms=incumbent_ms, protocol=protocol)
+              for name, w in workloads.items()}
+    if schedule == "sequential":
+        latency = sum(m.measurement.median_ms for m in models.values())
+    else:
+        latency = measure_concurrent([m.compiled for m in models.values()], model_target, protocol).median_ms
+    return FrameMeasurement(schedule, models, latency, _total([m.measurement.peak_mem_bytes for m in models.values()]))
+
+
+def measure_concurrent(compiled: Sequence[Any], target: Target, protocol: Protocol = Protocol()) -> Measurement:
+    """One frame with all models started together, each on ``target.threads`` threads, timed by the protocol."""
+    pool = ThreadPoolExecutor(len(compiled))
+
+    def frame() -> None:
+        for future in [pool.submit(c.run) for c in compiled]:
+            future.result()
+
+    # torch's pool is process-wide: it is set to one model's share while they run side by side.
+    with pool, torch_threads(target.threads):
+        return measure_callable(frame, backend=" | ".join(c.backend for c in compiled), device=target.device,
+                                device_key=target.device_key, threads=target.threads,
+                                param_bytes=sum(getattr(c, "param_bytes", 0) for c in compiled), protocol=protocol)
+
+
+def untuned_backend(workload: Workload, target: Target) -> BackendRef:
+    """The first backend that runs the model's dtype and can serve the target (torch, onnxruntime for int8, …)."""
+    names = workload.runnable_on or (("onnxruntime",) if is_onnx(workload.model) else ("torch",))
+    reasons = []
+    for name in names:
+        try:
+            reason = get_backend(name).unavailable_reason(target)
+        except KernelsError as exc:
+            reason = str(exc)
+        if reason is None:
+            return BackendRef.parse(name)
+        reasons.append(f"{name}: {reason}")
+    raise KernelsError(f"target.backend: no backend that runs this model can serve device '{target.device}': "
+                       + "; ".join(reasons))
+
+
+def measure_untuned(workloads: Mapping[str, Workload], target: Target, *, cache_dir: str | Path | None = None,
+                    protocol: Protocol = QUICK) -> FrameMeasurement:
+    """A quick sequential frame: each model untuned on :func:`untuned_backend`, timed by ``protocol``."""
+    untuned = replace(target, tuning=TuningBudget())
+    models = {name: measure_model(w, untuned.with_backend(untuned_backend(w, target)), cache_dir=cache_dir,
+                                  protocol=protocol) for name, w in workloads.items()}
+    return FrameMeasurement("sequential", models, sum(m.measurement.median_ms for m in models.values()),
+                            _total([m.measurement.peak_mem_bytes for m in models.values()]))
+
+
+def _total(values: list[int | None]) -> int | None:
+    return None if any(v is None for v in values) else int(sum(v for v in values if v is not None))

@@ -1,0 +1,179 @@
+"""TVM's compilation steps: import a model into Relax, lower it, build it, export the library.
+
+They are split in two so that tuning (:mod:`.tuning`) can sit between their halves:
+
+* :func:`prepare` imports the model (``torch.export`` -> Relax, or the ONNX
+  frontend), binds the weights as constants (so weight-layout rewrites are folded
+  at build time) and fuses it into TIR functions: these are MetaSchedule's tasks.
+* :func:`build` applies whatever the shared database knows for those tasks and
+  compiles; functions it does not know keep TVM's default schedules.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import BuildError, UnsupportedOperatorError
+from .model import Model, describe, is_onnx, module_of, param_bytes_of, torch_inputs, unsupported
+from .onnx import onnx_param_bytes
+from .target import Target
+
+_TORCH_UNSUPPORTED = re.compile(r"Unsupported function types \[(.*)\]")
+_ONNX_UNSUPPORTED = re.compile(r"not supported for frontend ONNX: (.*)")
+
+
+@cache
+def host_cpu() -> str:
+    """LLVM's name for this machine's CPU (e.g. znver5), so TVM vectorizes for it."""
+    import tvm
+
+    return str(tvm.get_global_func("target.llvm_get_system_cpu")())
+
+
+def tvm_target(target: Target) -> Any:
+    """The TVM target of a :class:`Target`: LLVM for the host CPU unless mcpu/mtriple name another."""
+    import os
+
+    import tvm
+
+    spec: dict[str, Any] = {"kind": "llvm", "mcpu": target.mcpu or host_cpu(),
+                            "num-cores": target.threads or os.cpu_count() or 1}
+    if target.mtriple:
+        spec["mtriple"] = target.mtriple
+    return tvm.target.Target(spec)
+
+
+# --------------------------------------------------------------------------- import and build
+
+
+@dataclass
+class Prepared:
+    """A model imported and fused into TIR functions, ready for tuning and building."""
+
+    mod: Any  # tvm.IRModule
+    target: Any  # tvm.target.Target
+    name: str
+    param_bytes: int
+
+
+def prepare(model: Model, example_inputs: Sequence[Any], target: Target, backend: str = "tvm") -> Prepared:
+    """Import a torch module / ExportedProgram / ONNX file into fused Relax+TIR for ``target``."""
+    import tvm
+    from tvm import relax
+    from tvm.relax import transform as T
+
+    mod = _import(model, example_inputs, backend)
+    ttarget = tvm_target(target)
+    try:
+        with ttarget:
+            mod = tvm.transform.Sequential([
+                T.DecomposeOpsForInference(), T.CanonicalizeBindings(), relax.get_pipeline("zero"),
+                T.AttachAttrLayoutFreeBuffers(),
+            ])(mod)
+    except Exception as exc:
+        raise BuildError(f"{describe(model)}: backend '{backend}' could not lower the model: {type(exc).__name__}: {exc}") from exc
+    return Prepared(mod, ttarget, describe(model), _param_bytes(model))
+
+
+def _import(model: Model, example_inputs: Sequence[Any], backend: str) -> Any:
+    if is_onnx(model):
+        import onnx
+        from tvm.relax.frontend.onnx import from_onnx
+
+        proto = onnx.load(str(model))
+        shapes = {i.name: list(np.asarray(x).shape) for i, x in zip(proto.graph.input, example_inputs)}
+        try:
+            return from_onnx(proto, shape_dict=shapes, keep_params_in_input=False)
+        except Exception as exc:
+            _raise_unsupported(_ONNX_UNSUPPORTED, exc, backend, model)
+            raise BuildError(f"{model}: backend '{backend}' could not import the ONNX model: {exc}") from exc
+    if isinstance(model, (str, Path)):
+        raise unsupported(backend, model, "expected a torch.nn.Module, an ExportedProgram or an .onnx file")
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    if isinstance(model, torch.export.ExportedProgram):
+        program = model
+    else:
+        try:
+            with torch.no_grad():
+                program = torch.export.export(model.eval(), torch_inputs(example_inputs, like=model))
+        except Exception as exc:
+            raise unsupported(backend, model, f"torch.export failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        return from_exported_program(program, keep_params_as_input=False)
+    except Exception as exc:
+        _raise_unsupported(_TORCH_UNSUPPORTED, exc, backend, model)
+        raise BuildError(f"{describe(model)}: backend '{backend}' could not import the model: {type(exc).__name__}: {exc}") from exc
+
+
+def _param_bytes(model: Model) -> int:
+    if is_onnx(model):
+        return onnx_param_bytes(Path(model))
+    return param_bytes_of(module_of(model))
+
+
+def _raise_unsupported(pattern: re.Pattern[str], exc: Exception, backend: str, model: Model) -> None:
+    match = pattern.search(str(exc))
+    if match:
+        ops = ", ".join(op.strip(" '\"") for op in match.group(1).split(","))
+        raise UnsupportedOperatorError(ops, backend, describe(model),
+                                       "TVM's Relax frontend has no converter for it; choose backend torch or onnxruntime") from exc
+
+
+def build(prepared: Prepared, database: Any = None) -> Any:
+    """Compile, with the best schedules ``database`` holds for the model's tasks (default schedules for the rest)."""
+    import tvm
+    from tvm.relax import transform as T
+
+    try:
+        mod = prepared.mod
+        if database is not None:
+            with prepared.target, database:
+                mod = tvm.transform.Sequential([
+                    T.MetaScheduleApplyDatabase(), T.SplitLayoutRewritePreproc(), T.LiftTransformParams(), T.FoldConstant(),
+                ])(mod)
+        return tvm.compile(mod, prepared.target)
+    except Exception as exc:
+        raise BuildError(f"{prepared.name}: backend 'tvm' failed to build: {type(exc).__name__}: {exc}") from exc
+
+
+def configure_threads(threads: int | None) -> None:
+    """Size TVM's runtime thread pool (all cores when ``None``)."""
+    import tvm
+
+    if threads:
+        tvm.get_global_func("runtime.config_threadpool")(1, threads)
+
+
+def export_library(executable: Any, path: Path, target: Target) -> Path:
+    """Write the compiled library for the target: a shared library, or for a cross target without
+    ``target.cc`` a tar of its object files (link them with the board's toolchain)."""
+    if target.cc:
+        from tvm.contrib import cc
+
+        path = path.with_suffix(".so")
+        executable.export_library(str(path), fcompile=cc.cross_compiler(target.cc))
+    elif target.mtriple:
+        path = path.with_suffix(".tar")
+        executable.export_library(str(path))
+    else:
+        path = path.with_suffix(".so")
+        executable.export_library(str(path))
+    return path
+
+
+def flatten(out: Any) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    result: list[np.ndarray] = []
+    for item in out:
+        result.extend(flatten(item))
+    return result

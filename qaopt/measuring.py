@@ -1,0 +1,92 @@
+"""Measuring candidates on the target: approx's candidates handed to kernels, the figures returned as NNChoices.
+
+The timing itself (protocol, schedules, the quick untuned figure) is
+:mod:`qaopt.kernels`'; this module only translates between the two components.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qaopt import kernels
+from qaopt.approx import Candidate
+from qaopt.result import NNChoice
+
+
+@dataclass
+class MeasuredNN:
+    """One NN's candidate compiled on the target, with its measured figures."""
+
+    candidate: Candidate
+    compiled: Any  # kernels.Compiled
+    choice: NNChoice
+
+
+def workload_of(candidate: Candidate, example: np.ndarray) -> kernels.Workload:
+    """What kernels compiles for a candidate: the int8 ONNX graph, else the torch module, on the backends of its dtype."""
+    model = candidate.onnx_path if candidate.onnx_path is not None else candidate.module
+    return kernels.Workload(model, (example,), tuple(candidate.runnable_on))
+
+
+def _measured(candidate: Candidate, measured: kernels.MeasuredModel) -> MeasuredNN:
+    choice = NNChoice(
+        knobs=candidate.knobs.model_dump(mode="json"),
+        candidate=candidate.key,
+        error=candidate.error,
+        metric=candidate.metric,
+        backend=measured.backend,
+        latency_ms=measured.measurement.median_ms,
+        memory_bytes=measured.measurement.peak_mem_bytes,
+        macs=candidate.macs,
+        params=candidate.params,
+        backends_measured=measured.backends_measured,
+    )
+    return MeasuredNN(candidate, measured.compiled, choice)
+
+
+def measure_configuration(
+    candidates: Mapping[str, Candidate],
+    examples: Mapping[str, np.ndarray],
+    schedule: kernels.Schedule,
+    target: kernels.Target,
+    cache_dir: Path,
+    incumbent_ms: float | None = None,
+) -> tuple[dict[str, MeasuredNN], float, int | None]:
+    """Compile every NN for ``schedule``; return them with the frame latency (ms) and memory (bytes)."""
+    frame = kernels.measure_frame({n: workload_of(c, examples[n]) for n, c in candidates.items()}, schedule, target,
+                                  cache_dir=cache_dir, incumbent_ms=incumbent_ms)
+    measured = {n: _measured(candidates[n], m) for n, m in frame.models.items()}
+    return measured, frame.latency_ms, frame.memory_bytes
+
+
+def quick_latency(candidates: Mapping[str, Candidate], examples: Mapping[str, np.ndarray], target: kernels.Target,
+                  cache_dir: Path) -> tuple[float, int | None]:
+    """The quick untuned figure of a configuration (sequential): :func:`qaopt.kernels.measure_untuned`."""
+    frame = kernels.measure_untuned({n: workload_of(c, examples[n]) for n, c in candidates.items()}, target,
+                                    cache_dir=cache_dir)
+    return frame.latency_ms, frame.memory_bytes
+
+
+def compile_choice(candidate: Candidate, example: np.ndarray, choice: NNChoice, target: kernels.Target,
+                   cache_dir: Path) -> Any:
+    """The candidate compiled again on the backend its measurement chose (``choice.backend``), for export."""
+    workload = workload_of(candidate, example)
+    return kernels.compile(workload.model, workload.example_inputs, target.with_backend(choice.backend),
+                           cache_dir=cache_dir)
+
+
+def untuned_latency(candidate: Candidate, example: np.ndarray, target: kernels.Target, cache_dir: Path | None = None,
+                    protocol: kernels.Protocol = kernels.Protocol()) -> tuple[str, float]:
+    """``(backend, median ms)`` of one candidate, untuned on the first backend that runs its dtype.
+
+    ``protocol`` defaults to the one ``optimize`` measures with, so a sweep's figures compare with a run's.
+    """
+    frame = kernels.measure_untuned({candidate.nn: workload_of(candidate, example)}, target, cache_dir=cache_dir,
+                                    protocol=protocol)
+    measured = frame.models[candidate.nn]
+    return measured.backend, measured.measurement.median_ms

@@ -1,0 +1,79 @@
+"""Calibrating a spec's error region: the glue from ``app.yaml`` to :class:`qaopt.calibrate.Calibration`.
+
+``qaopt calibrate`` and ``qaopt optimize`` both start here: the spec names the
+simulator (an entry point called with its params), the QoS goal and its
+acceptance test, the error space and the error model; :mod:`qaopt.spec_adapter`
+turns those sections into calibration's objects, and this module binds them into
+a :class:`~qaopt.calibrate.Calibration`, runs it and writes the region.
+
+Simulator runs are cached under :func:`qaopt.spec_adapter.simulator_key`, so
+editing the simulator never reuses stale runs, while changing the QoS threshold,
+the acceptance test, the strategy or the budget reuses every run already made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qaopt.app_spec import AppSpec
+from qaopt.calibrate import Calibration, ErrorRegion, Evidence, Progress, QoSEvaluator
+from qaopt.spec_adapter import (
+    acceptance_of,
+    cache_dir_of,
+    error_models_of,
+    goal_of,
+    make_evaluator,
+    simulator_key,
+    space_of,
+)
+
+
+def build_calibration(
+    spec: AppSpec,
+    residuals: Mapping[str, Sequence[np.ndarray]] | None = None,
+    evaluator: QoSEvaluator | None = None,
+    cache_dir: str | Path | None = None,
+) -> Calibration:
+    """The :class:`Calibration` a spec describes.
+
+    ``residuals`` (NN -> residual sequences) fit the error model to real NNs; the
+    ``empirical`` model without them uses the spec's reference NNs' residuals.
+    ``evaluator`` replaces the spec's simulator (tests, a custom harness).
+    """
+    cache = Path(cache_dir) if cache_dir is not None else cache_dir_of(spec)
+    models = error_models_of(spec, residuals, cache)
+    evaluator = evaluator if evaluator is not None else make_evaluator(spec)
+    # The simulator alone keys its runs: adding a field store must not discard them.
+    return Calibration(evaluator, space_of(spec), models, goal_of(spec), acceptance_of(spec), cache,
+                       simulator_key(spec, evaluator))
+
+
+def calibrate_spec(
+    spec: AppSpec,
+    strategy: str | None = None,
+    budget: int | None = None,
+    out: str | Path | None = None,
+    evidence: Sequence[Evidence] = (),
+    progress: Callable[[Progress], None] | None = None,
+    calibration: Calibration | None = None,
+    info: Mapping[str, Any] | None = None,
+) -> tuple[ErrorRegion, Path]:
+    """Run the spec's calibration (strategy/budget overridable) and write region.json + region.png to ``out``.
+
+    Returns the region and the folder. Re-running resumes: every finished seed
+    block is read back from the cache. ``region.json`` is written atomically, once,
+    with ``info`` (e.g. the key ``optimize`` reuses it under) among its details:
+    this is its only writer.
+    """
+    cal = calibration or build_calibration(spec)
+    region = cal.search(strategy or spec.calibration.strategy, spec.calibration.budget if budget is None else budget,
+                        evidence=evidence, progress=progress)
+    region.info.update({"app": spec.app.name, "spec": str(spec.source or ""), **(info or {})})
+    folder = Path(out) if out is not None else Path(spec.output.dir)
+    region.save(folder / "region.json")
+    region.plot(folder / "region.png")
+    return region, folder

@@ -1,0 +1,112 @@
+"""The validation stage: the fastest configurations of the aware front run closed-loop with their real NNs.
+
+Each configuration's validation is cached under the key of its candidates, the
+number of runs, the application and the seeds, so a resumed run, or the agnostic
+study proposing the same NNs, spends nothing on it again. A configuration that
+fails closed-loop becomes evidence against its error point (``closed_loop.json``,
+see :mod:`qaopt.stages.region`): the region this run uses is rebuilt with it, and
+by monotonicity every front configuration with errors at least as large is skipped
+without spending runs on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qaopt.app_spec import AppSpec, content_hash, store
+from qaopt.calibrate import ErrorRegion
+from qaopt.result import Configuration, Validation
+from qaopt.search import SearchContext
+from qaopt.spec_adapter import make_evaluator
+from qaopt.stages.region import ClosedLoopEvidence, ClosedLoopRun, application_key, fold
+from qaopt.closed_loop import VALIDATION_SEED_BASE, validate_closed_loop
+
+VALIDATION_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FrontValidation:
+    """What validating the front produced: every validation in order, the chosen configuration, the evidence."""
+
+    validations: list[Validation]
+    chosen: Configuration | None
+    evidence: ClosedLoopEvidence
+
+
+def validate_front(
+    ctx: SearchContext, front: list[Configuration], calibrated: ErrorRegion, evidence: ClosedLoopEvidence,
+    reference: Configuration,
+) -> FrontValidation:
+    """Validate the fastest configurations of the aware front; the first accepted one wins.
+
+    When none is accepted at the spec's confidence (a quick profile runs too few runs
+    to prove it), the fastest one with no failing run is chosen, unaccepted. When none
+    is even that, the ``reference`` configuration is validated too, so the report can
+    tell an application that fails with any approximation from one that fails anyway.
+    """
+    app = application_key(ctx.spec)
+    region = fold(calibrated, evidence.of(app))
+    validations: list[Validation] = []
+    chosen = fallback = None
+    for config in front:
+        if len(validations) >= ctx.profile.validate_top:
+            break
+        if not region.contains(config.errors):
+            continue  # ruled out by closed-loop evidence
+        validation = validate_configuration(ctx, config)
+        validations.append(validation)
+        if validation.failures:
+            grown = evidence.with_run(ClosedLoopRun(
+                application=app, candidates=_candidates(config), errors=config.errors, passes=validation.passes,
+                failures=validation.failures, note=f"trial {config.trial}: the approximated NNs in the loop"))
+            if grown is not evidence:
+                evidence = grown
+                region = fold(calibrated, evidence.of(app))
+        if validation.accepted:
+            chosen = config
+            break
+        if fallback is None and not validation.failures:
+            fallback = config
+    if chosen is None and fallback is None and validations:
+        validations.append(validate_configuration(ctx, reference))
+    return FrontValidation(validations, chosen or fallback, evidence)
+
+
+def validate_configuration(ctx: SearchContext, config: Configuration) -> Validation:
+    """The closed-loop validation of one configuration, read from the cache when these NNs already ran."""
+    spec, prof = ctx.spec, ctx.profile
+    key = content_hash("validation", _candidates(config), prof.validation_runs, spec.content_hash("evaluator", "qos"),
+                       VALIDATION_SEED_BASE)
+    path = ctx.cache_dir / "optimize" / "validation" / f"{key}.json"
+    labels = {"trial": config.trial, "region_predicted_valid": config.in_region}
+    cached = store.read_model(path, Validation, VALIDATION_VERSION)
+    if cached is not None:  # the same NNs validated by an earlier run or study: only the labels are this run's
+        return cached.model_copy(update=labels)
+    candidates = {n: ctx.build(n, c.knobs) for n, c in config.nns.items()}
+    validation = validate_closed_loop(
+        make_evaluator(spec), {n: c.predict for n, c in candidates.items()}, spec, prof.validation_runs,
+        threads=ctx.target.threads or 1, **labels,
+    )
+    store.write_model(path, validation, VALIDATION_VERSION)
+    return validation
+
+
+def fidelity_note(spec: AppSpec, validations: list[Validation]) -> str:
+    wrong = [v for v in validations if v.verdict == "invalid" and v.region_predicted_valid]
+    if not wrong:
+        return ""
+    return (
+        f"The region (error model '{spec.calibration.error_model}') predicted {len(wrong)} configuration(s) valid that "
+        f"failed closed-loop (trials {', '.join(str(v.trial) for v in wrong)}): the real NNs' errors differ from the "
+        "injected model (bias, correlation over frames, scene-dependent failures); consider error_model: empirical."
+    )
+
+
+def fidelity(validations: list[Validation]) -> float | None:
+    """Share of decided validations whose closed-loop verdict matched the region's prediction."""
+    matched = [v.accepted == v.region_predicted_valid for v in validations if v.verdict != "undecided"]
+    return sum(matched) / len(matched) if matched else None
+
+
+def _candidates(config: Configuration) -> dict[str, str]:
+    return {n: c.candidate for n, c in config.nns.items()}

@@ -1,0 +1,85 @@
+"""Frames of several models under a schedule, and the quick untuned figure, all timed by the one protocol."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qaopt import kernels
+from qaopt.kernels import Protocol, Target, Workload
+
+QUICK = Protocol(warmup=1, repeats=4, min_sample_ms=1.0, max_seconds=5.0)
+
+
+def _net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 8 * 8, 1)).eval()
+
+
+@pytest.fixture(scope="module")
+def workloads():
+    x = torch.rand(1, 1, 8, 8)
+    return {"a": Workload(_net(0), (x,)), "b": Workload(_net(1), (x,), runnable_on=("torch",))}
+
+
+def test_schedules_for():
+    assert kernels.schedules_for(2, 2) == ("sequential", "parallel")
+    assert kernels.schedules_for(2, 1) == ("sequential",) and kernels.schedules_for(1, 8) == ("sequential",)
+    assert kernels.threads_of(Target(threads=3)) == 3 and kernels.threads_of(Target()) >= 1
+
+
+def test_sequential_frame_sums_its_models(workloads, monkeypatch, tmp_path):
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    frame = kernels.measure_frame(workloads, "sequential", Target(backend="torch", threads=2), protocol=QUICK)
+    assert set(frame.models) == {"a", "b"} and frame.schedule == "sequential"
+    assert frame.latency_ms == pytest.approx(sum(m.measurement.median_ms for m in frame.models.values()))
+    assert all(m.compiled.target.threads == 2 and m.backends_measured == {"torch": m.measurement.median_ms}
+               for m in frame.models.values())
+    assert frame.memory_bytes == sum(m.measurement.peak_mem_bytes for m in frame.models.values())
+
+
+def test_parallel_frame_splits_threads_and_times_them_together(workloads, monkeypatch, tmp_path):
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    timed = []
+    real = kernels.schedule.measure_callable
+    monkeypatch.setattr(kernels.schedule, "measure_callable", lambda call, **kw: timed.append(kw) or real(call, **kw))
+    frame = kernels.measure_frame(workloads, "parallel", Target(backend="torch", threads=2), protocol=QUICK)
+    assert all(m.compiled.target.threads == 1 for m in frame.models.values())
+    assert len(timed) == 1 and timed[0]["protocol"] == QUICK and timed[0]["threads"] == 1  # the one loop, one protocol
+    assert frame.latency_ms > 0
+    with pytest.raises(kernels.KernelsError, match="schedule: 'pipelined'"):
+        kernels.measure_frame(workloads, "pipelined", Target(backend="torch"))
+
+
+def test_concurrent_measurement_follows_the_protocol(workloads, monkeypatch, tmp_path):
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    target = Target(backend="torch", threads=1)
+    compiled = [kernels.compile(w.model, w.example_inputs, target) for w in workloads.values()]
+    m = kernels.measure_concurrent(compiled, target, QUICK)
+    assert len(m.samples_ms) == QUICK.repeats and m.backend == "torch | torch" and m.threads == 1
+
+
+def test_untuned_measurement_takes_the_first_backend_of_the_dtype(workloads, monkeypatch, tmp_path):
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    onnx_path = kernels.export_onnx(workloads["a"].model, workloads["a"].example_inputs, tmp_path / "a.onnx")
+    jobs = {"int8-like": Workload(onnx_path, workloads["a"].example_inputs, runnable_on=("onnxruntime",)),
+            "fp32": Workload(workloads["b"].model, workloads["b"].example_inputs,
+                             runnable_on=("torch", "torch-compile", "onnxruntime", "tvm"))}
+    target = Target(backend="auto", threads=1, tuning=kernels.TuningBudget(trials=64))
+    frame = kernels.measure_untuned(jobs, target)
+    assert {n: m.backend for n, m in frame.models.items()} == {"int8-like": "onnxruntime", "fp32": "torch"}
+    assert all(m.compiled.target.tuning.trials == 0 for m in frame.models.values())
+    assert frame.latency_ms == pytest.approx(sum(m.measurement.median_ms for m in frame.models.values()))
+    assert len(frame.models["fp32"].measurement.samples_ms) <= kernels.QUICK.repeats
+    with pytest.raises(kernels.KernelsError, match="no backend that runs this model can serve device 'rpc'"):
+        kernels.untuned_backend(jobs["int8-like"], Target(device="rpc", rpc=kernels.RPCConfig(port=9190)))
+
+
+def test_interleaved_rounds_pool_their_samples(monkeypatch, tmp_path):
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    out = kernels.measure_interleaved({"sum": lambda: np.arange(1000).sum(), "noop": lambda: None}, rounds=3,
+                                      protocol=Protocol(warmup=1, repeats=2, min_sample_ms=0.5))
+    assert set(out) == {"sum", "noop"} and all(len(m.samples_ms) == 6 for m in out.values())
+    assert out["noop"].median_ms <= out["sum"].median_ms

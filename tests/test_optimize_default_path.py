@@ -1,0 +1,89 @@
+"""`qaopt optimize` through the path the shipped example takes: backend ``auto`` on 2 threads, fp32/bf16/int8.
+
+The tiny application (tests/apps/tinyapp.py) is edited to the shipped example's target
+and dtypes, so every backend ``auto`` measures on a CPU runs, the parallel schedule is
+searched beside the sequential one, and the report's tables are read row by row.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from qaopt import optimize
+
+APPS = Path(__file__).resolve().parent / "apps"
+DTYPES = ["fp32", "bf16", "int8"]
+
+
+def _table(report: str, heading: str) -> list[dict[str, str]]:
+    """The first markdown table after ``heading``, as one dict per row."""
+    lines = report[report.index(heading):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    header, _, *body = rows
+    return [dict(zip(header, row, strict=True)) for row in body]
+
+
+@pytest.fixture(scope="module")
+def default_path_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("default-path")
+    data = yaml.safe_load((APPS / "tiny.yaml").read_text())
+    data["target"] = {"device": "cpu", "backend": "auto", "threads": 2}
+    data["approximations"]["all"]["quantization"] = {"dtypes": DTYPES}
+    spec = folder / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = optimize(spec, profile="quick", trials=6, console=Console(file=io.StringIO()))
+    return result, (folder / "runs" / "report.md").read_text()
+
+
+def test_every_dtype_runs_on_a_backend_that_has_its_kernels(default_path_run):
+    result, report = default_path_run
+    measured = [t.configuration for s in result.studies.values() for t in s.trials if t.configuration]
+    backends = {c.knobs["dtype"]: c.backend for config in measured for c in config.nns.values()}
+    assert set(backends) == set(DTYPES), "the reference and each precision alone are trials of both studies"
+    assert backends["int8"].startswith("onnxruntime")
+    assert backends["bf16"].startswith("torch")
+    for config in measured:
+        for choice in config.nns.values():
+            assert choice.latency_ms > 0 and choice.backend in {str(b) for b in choice.backends_measured}
+            # auto measured more than one backend wherever the dtype runs on several
+            if choice.knobs["dtype"] == "fp32":
+                assert len(choice.backends_measured) >= 3, choice.backends_measured
+
+
+def test_both_schedules_are_searched(default_path_run):
+    result, report = default_path_run
+    schedules = {t.params.get("schedule") for s in result.studies.values() for t in s.trials}
+    assert schedules == {"sequential", "parallel"}
+    rows = _table(report, "### Candidates (aware study")
+    assert len(rows) == result.studies["aware"].trials_complete
+    assert {re.search(r"schedule=(\w+)", r["knobs"]).group(1) for r in rows} <= {"sequential", "parallel"}
+
+
+def test_report_tables_hold_the_measured_figures(default_path_run):
+    result, report = default_path_run
+    outcome = _table(report, "## Outcome")
+    reference = next(r for r in outcome if r["configuration"].startswith("reference"))
+    assert float(reference["latency per frame (ms)"]) == pytest.approx(result.reference.latency_ms, abs=0.01)
+    assert reference["speedup vs reference"] == "1.00x"
+    if result.aware is not None:
+        aware = next(r for r in outcome if r["configuration"].startswith("application-aware"))
+        assert aware["speedup vs reference"] == f"{result.speedups.aware:.2f}x"
+        chosen = _table(report, "### application-aware")
+        assert [r["NN"] for r in chosen] == list(result.aware.nns)
+        for row in chosen:
+            nn = result.aware.nns[row["NN"]]
+            assert row["dtype"] == nn.knobs["dtype"] and row["backend"] == nn.backend
+            assert float(row["latency (ms)"]) == pytest.approx(nn.latency_ms, abs=0.01)
+    validation = _table(report, "## Closed-loop validation")
+    assert [int(r["runs"]) for r in validation] == [v.runs for v in result.validations]

@@ -19,23 +19,31 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .entrypoints import EntryPointError, load_entry_point
+from .entrypoints import EntryPointError, add_import_path, load_entry_point
 from .errors import Problem, SpecError
 from .schema import AppSpec
 
 Loc = tuple[str | int, ...]
+
+MAX_NODES = 100_000
+"""Most YAML nodes a spec may expand to, aliases (``*name``) counted at every use. A real spec has
+hundreds; a "billion laughs" document, whose nested aliases expand exponentially, is rejected
+before anything walks it."""
 
 
 def load(path: str | Path, *, check_entry_points: bool = False) -> AppSpec:
     """Read and validate the spec at ``path``; relative paths in it resolve against its folder.
 
     With ``check_entry_points`` every ``module:attr`` reference is also imported, so a
-    misspelt model or simulator is caught before any work starts. Raises
+    misspelt model or simulator is caught before any work starts. The spec's folder is
+    put on the import path (:func:`~qaopt.app_spec.entrypoints.add_import_path`), so its
+    entry points and plugins may name modules that sit beside it. Raises
     :class:`SpecError` listing every problem found.
     """
     path = Path(path)
     text = _read(path)
     data, positions = _parse(text, path)
+    add_import_path(path.resolve().parent)
     try:
         spec = AppSpec.model_validate(data, context={"base_dir": path.resolve().parent})
     except ValidationError as exc:
@@ -87,6 +95,7 @@ def _parse(text: str, path: Path) -> tuple[Any, dict[Loc, tuple[int, int]]]:
     """YAML -> (plain data, position of every key and item), 1-based lines and columns."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_size(root, path)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -102,6 +111,45 @@ def _parse(text: str, path: Path) -> tuple[Any, dict[Loc, tuple[int, int]]]:
     if duplicates:
         raise SpecError(duplicates)
     return data, positions
+
+
+def _check_size(root: yaml.Node | None, path: Path) -> None:
+    """Reject a document that expands past :data:`MAX_NODES` or refers to itself, without expanding it.
+
+    Composing keeps one node per anchor however often it is used, so the expanded size
+    is summed over the node graph with each node's size computed once.
+    """
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)] if root is not None else []
+    open_: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        children = _children(node)
+        if done:
+            open_.discard(id(node))
+            sizes[id(node)] = min(1 + sum(sizes[id(c)] for c in children), MAX_NODES + 1)
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_:
+            mark = node.start_mark
+            raise SpecError([Problem(f"{path}:{mark.line + 1}:{mark.column + 1}", "",
+                                     "an alias refers to a node that contains it; a spec cannot be recursive")])
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    if root is not None and sizes[id(root)] > MAX_NODES:
+        raise SpecError([Problem(str(path), "", f"the YAML expands to more than {MAX_NODES} values through its "
+                                 "aliases (*name), as a 'billion laughs' document does; write the values out "
+                                 "or use fewer nested aliases")])
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _walk(node: yaml.Node, loc: Loc, positions: dict, duplicates: list[Problem], path: Path) -> None:
@@ -155,6 +203,7 @@ def _problem(path: Path, positions: dict[Loc, tuple[int, int]], err: dict[str, A
     # pydantic appends validator names (e.g. 'function-after[...]') to locs of annotated types.
     loc: Loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
     kind = err["type"]
+    loc, err = _field_named_in_message(loc, err)
     if kind == "extra_forbidden":
         known = fields(loc[:-1]) if fields is not None else fields_at(AppSpec, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
@@ -164,9 +213,23 @@ def _problem(path: Path, positions: dict[Loc, tuple[int, int]], err: dict[str, A
         message = "required field is missing"
     else:
         message = err["msg"].removeprefix("Value error, ")
-        if "input" in err and kind not in ("model_type", "dict_type") and not isinstance(err["input"], (dict, list)):
-            message += f" (got {err['input']!r})"
+        value = err.get("input")
+        shown = repr(value) in message or f"got {value}" in message
+        if "input" in err and kind not in ("model_type", "dict_type") and not isinstance(value, (dict, list)) and not shown:
+            message += f" (got {value!r})"
     return Problem(_where(path, positions, loc), _dotted(loc), message)
+
+
+def _field_named_in_message(loc: Loc, err: dict[str, Any]) -> tuple[Loc, dict[str, Any]]:
+    """A check of a whole section that names the field at fault first (``calibration.space.0.nn: ...``)
+    is placed at that field: ``loc`` extended, the prefix taken off the message."""
+    msg = err["msg"].removeprefix("Value error, ")
+    head, sep, rest = msg.partition(": ")
+    parts = head.split(".")
+    if not sep or " " in head or tuple(parts[: len(loc)]) != tuple(str(p) for p in loc):
+        return loc, err
+    named: Loc = tuple(int(p) if p.isdigit() else p for p in parts)
+    return named, {**err, "msg": rest, "type": "value_error", "input": {}}
 
 
 def fields_at(model: type[BaseModel], loc: Loc) -> list[str]:

@@ -8,6 +8,7 @@ folder arrives through pydantic's validation context (see :func:`qaopt.app_spec.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,7 +17,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveInt,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -31,6 +31,38 @@ EntryPoint = Annotated[str, AfterValidator(check_syntax)]
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")]
 """A name used as a key in files, databases and CLI flags."""
+
+ModuleName = Annotated[str, Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")]
+"""A Python module, ``package.module``."""
+
+
+def _finite(value: Any) -> Any:
+    """``value`` unchanged if no number in it (nested lists and mappings included) is NaN or infinite."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{item} is not a finite number; numbers in a spec must be finite")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return value
+
+
+Data = Annotated[Any, AfterValidator(_finite)]
+"""A free-form value handed to user code (``params``, ``args``) or to a pass: any YAML, numbers finite."""
+
+
+def Count(upper: int, unit: str, why: str) -> Any:  # noqa: N802 - a type, spelt like one
+    """A positive integer of at most ``upper`` ``unit``; ``why`` says what a larger value would do."""
+
+    def check(value: int) -> int:
+        if value > upper:
+            raise ValueError(f"at most {upper} {unit}: {why}")
+        return value
+
+    return Annotated[int, Field(gt=0), AfterValidator(check)]
 
 
 def _base_dir(info: ValidationInfo) -> Path:
@@ -75,7 +107,8 @@ DatabaseURL = Annotated[str, AfterValidator(_resolve_url)]
 class Section(BaseModel):
     """Base of every spec section: unknown fields are errors, values never change."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # allow_inf_nan=False: every float field is finite; a field that needs inf or NaN says so itself.
 
 
 # ---------------------------------------------------------------- app, evaluator
@@ -95,7 +128,7 @@ class SimulatorSource(Section):
 
     entry_point: EntryPoint | None = None
     env_id: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Data] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> SimulatorSource:
@@ -124,13 +157,20 @@ class EvaluatorSpec(Section):
 # ---------------------------------------------------------------- QoS
 
 
+MAX_TRIALS = 1000
+"""Upper bound of a point's runs (``qos.acceptance.*_trials``): the sequential test's tables grow
+with it (1000 takes seconds to prepare; 10**12 ran calibrate out of memory)."""
+Trials = Count(MAX_TRIALS, "runs per point", "the sequential test's tables grow with it; to decide points sooner, "
+               "raise max_failure_rate or lower confidence")
+
+
 class Acceptance(Section):
     """When an error point counts as valid: P(run passes) >= 1 - max_failure_rate at `confidence`."""
 
     max_failure_rate: float = Field(0.05, gt=0.0, lt=1.0)
     confidence: float = Field(0.9, gt=0.5, lt=1.0)
-    min_trials: PositiveInt = 8
-    max_trials: PositiveInt = 96
+    min_trials: Trials = 8
+    max_trials: Trials = 96
 
     @model_validator(mode="after")
     def _ordered(self) -> Acceptance:
@@ -175,15 +215,15 @@ class DataSpec(Section):
     """A callable returning the NN's training and time-ordered validation data."""
 
     source: EntryPoint
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: dict[str, Data] = Field(default_factory=dict)
 
 
 class NNSpec(Section):
     model: EntryPoint
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: dict[str, Data] = Field(default_factory=dict)
     weights: ExistingFile | None = None
-    input_shape: list[PositiveInt] = Field(min_length=2)
-    outputs: list[NNOutput] = Field(min_length=1)
+    input_shape: list[Count(1 << 16, "per dimension", "no NN input is that large")] = Field(min_length=2, max_length=8)
+    outputs: list[NNOutput] = Field(min_length=1, max_length=1024)
     error_metric: ErrorMetric
     data: DataSpec
 
@@ -220,9 +260,9 @@ class Axis(Section):
 
 class CalibrationSpec(Section):
     strategy: Literal["bisect", "monotone", "active"] = "monotone"
-    budget: PositiveInt = 20
+    budget: Count(100_000, "evaluations", "a region search that long would run for weeks") = 20
     error_model: Literal["gaussian", "ar1", "empirical"] = "gaussian"
-    space: list[Axis] = Field(min_length=1)
+    space: list[Axis] = Field(min_length=1, max_length=32)
 
     @model_validator(mode="after")
     def _consistent(self) -> CalibrationSpec:
@@ -234,7 +274,7 @@ class CalibrationSpec(Section):
 
 # ---------------------------------------------------------------- approximations
 
-PassSections = dict[Name, dict[str, Any] | None]
+PassSections = dict[Name, dict[str, Data] | None]
 """One ``approximations.<nn>`` section: approximation pass name -> its settings (``None``: off).
 
 The passes and their settings are declared by :mod:`qaopt.approx`'s registry, which
@@ -253,7 +293,7 @@ class RPCSpec(Section):
     port: int = Field(9090, ge=1, le=65535)
     key: str | None = None
     tracker: bool = False
-    retries: int = Field(2, ge=0, description="reconnects after a device drops mid-measurement")
+    retries: int = Field(2, ge=0, le=100, description="reconnects after a device drops mid-measurement")
     timeout_s: float = Field(60.0, gt=0)
 
     @model_validator(mode="after")
@@ -267,7 +307,7 @@ class RPCSpec(Section):
 
 
 class TuningSpec(Section):
-    trials: int = Field(64, ge=0)
+    trials: int = Field(64, ge=0, le=100_000, description="MetaSchedule trials per NN (at most 100000)")
     seconds: float | None = Field(None, gt=0)
     database: SpecPath | None = None
 
@@ -282,7 +322,7 @@ class TargetSpec(Section):
     backend: str = Field("auto", pattern=BACKEND_REF_PATTERN, description=(
         "a registered backend (torch, torch-compile, tvm, onnxruntime, auto, or one added with "
         "qaopt.kernels.register_backend), with an optional variant in brackets, e.g. torch[channels_last]"))
-    threads: PositiveInt | None = None
+    threads: Count(1024, "threads", "no target has that many cores") | None = None
     mcpu: str | None = Field(None, description="LLVM CPU for TVM; default: this host's")
     mtriple: str | None = Field(None, description="LLVM target triple when cross-compiling, e.g. aarch64-linux-gnu")
     cc: str | None = Field(None, description="cross compiler that links TVM's library, e.g. aarch64-linux-gnu-g++")
@@ -299,10 +339,10 @@ class TargetSpec(Section):
 
 
 class SearchSpec(Section):
-    trials: PositiveInt = 40
+    trials: Count(100_000, "trials", "each builds, fine-tunes and measures a candidate NN") = 40
     objectives: list[Literal["latency", "memory"]] = Field(default_factory=lambda: ["latency", "memory"], min_length=1)
     storage: DatabaseURL | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32, description="seeds Optuna's sampler: 0 <= seed < 2**32")
 
 
 class OutputSpec(Section):
@@ -319,6 +359,9 @@ class AppSpec(Section):
     """A whole application: what it is, how its QoS is measured, its NNs, and what to search."""
 
     app: AppInfo
+    plugins: list[ModuleName] = Field(default_factory=list, description=(
+        "modules imported (the spec's folder on the import path) before the approximations and target.backend are "
+        "checked: each registers approximation passes or backends"))
     evaluator: EvaluatorSpec
     qos: QoSSpec
     nns: dict[Name, NNSpec] = Field(min_length=1)
@@ -357,5 +400,5 @@ class AppSpec(Section):
         Calibration keys on ``evaluator``, ``qos`` and ``calibration`` so that changing the
         search budget never invalidates a region.
         """
-        names = sections or tuple(n for n in type(self).model_fields if n not in ("output", "source"))
+        names = sections or tuple(n for n in type(self).model_fields if n not in ("output", "source", "plugins"))
         return content_hash({n: getattr(self, n) for n in names})

@@ -5,6 +5,7 @@ It finds how much error each NN may make before the application fails its QoS go
 (:mod:`qaopt.approx`), judged by latency measured on the target (:mod:`qaopt.kernels`).
 
 - :func:`optimize`: the whole pipeline on a spec;
+- :func:`load_artifacts`: the chosen NNs of a finished run as torch modules, in one call;
 - :func:`check_application`: whether an application (your simulator) keeps the
   protocol qaopt runs it through (:class:`qaopt.calibrate.Application`).
 
@@ -14,15 +15,20 @@ small computer without torch or TVM, so heavy modules are imported where used.
 
 __version__ = "0.1.0"
 
-__all__ = ["check_application", "optimize"]
+__all__ = ["check_application", "load_artifacts", "optimize"]
 
 
 def __getattr__(name: str):
-    """``qaopt.check_application`` (:func:`qaopt.application.check_application`), imported on first use."""
+    """``qaopt.check_application`` (:func:`qaopt.application.check_application`) and ``qaopt.load_artifacts``
+    (:func:`qaopt.stages.export.load_artifacts`), imported on first use."""
     if name == "check_application":
         from qaopt.application import check_application
 
         return check_application
+    if name == "load_artifacts":
+        from qaopt.stages.export import load_artifacts
+
+        return load_artifacts
     raise AttributeError(f"module 'qaopt' has no attribute {name!r}")
 
 

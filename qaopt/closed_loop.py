@@ -16,8 +16,8 @@ import numpy as np
 
 from qaopt.app_spec import AppSpec
 from qaopt.application import check_method
-from qaopt.calibrate import AcceptanceTest, Application, Perception, Verdict
-from qaopt.result import Validation
+from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, Verdict
+from qaopt.result import RunMetric, Validation
 from qaopt.spec_adapter import acceptance_of, goal_of
 
 VALIDATION_SEED_BASE = 5_000_000
@@ -77,5 +77,37 @@ def validate_closed_loop(
         accepted=verdict == Verdict.VALID,
         region_predicted_valid=region_predicted_valid,
         qos_metric_mean=float(np.mean([r[goal.metric] for r in records])),
-        totals={k: float(sum(r[k] for r in records)) for k in records[0]} if records else {},
+        **run_metrics(records, seed_base, goal),
     )
+
+
+def run_metrics(records: list[Mapping[str, float]], seed_base: int, goal: QoSGoal) -> dict:
+    """Each metric's mean, its value in the worst run, and a total for counts; and the worst run's seed.
+
+    A metric is a count when the evaluator reports it as an integer (collisions), or it is
+    the QoS metric with a ``max`` and whole, non-negative values in every run (crashes as
+    0/1): their totals say how many events the runs had. Other metrics (distances, gaps,
+    rates) are averaged: a sum of them means nothing. The worst run is the one whose QoS
+    metric is furthest past (or nearest to) the goal.
+    """
+    if not records:
+        return {"metrics": {}, "worst_seed": None}
+
+    def shortfall(r: Mapping[str, float]) -> float:
+        v = float(r[goal.metric])
+        return max(v - goal.max if goal.max is not None else -np.inf, goal.min - v if goal.min is not None else -np.inf)
+
+    worst = max(range(len(records)), key=lambda i: shortfall(records[i]))
+
+    def is_count(name: str) -> bool:
+        values = [r[name] for r in records]
+        if all(isinstance(v, (int, np.integer)) for v in values):
+            return True
+        return name == goal.metric and goal.max is not None and all(float(v).is_integer() and v >= 0 for v in values)
+
+    metrics = {
+        name: RunMetric(mean=float(np.mean([r[name] for r in records])), worst_run=float(records[worst][name]),
+                        total=float(sum(r[name] for r in records)) if is_count(name) else None)
+        for name in records[0]
+    }
+    return {"metrics": metrics, "worst_seed": seed_base + worst}

@@ -21,6 +21,7 @@ from rich.console import Console
 from qaopt import kernels
 from qaopt.app_spec import AppSpec
 from qaopt.approx import Knobs, TargetNN
+from qaopt.calibrate import ErrorRegion
 from qaopt.profiles import Profile, get_profile
 from qaopt.report import format_errors, write_report
 from qaopt.result import Configuration, Result, Speedups, StudySummary
@@ -43,6 +44,8 @@ def optimize(
     out: str | Path | None = None,
     storage: str | None = None,
     trials: int | None = None,
+    region: str | Path | None = None,
+    calibration_budget: int | None = None,
     console: Console | None = None,
 ) -> Result:
     """Optimize the application ``spec`` describes; returns what ``result.json`` holds.
@@ -50,10 +53,19 @@ def optimize(
     ``profile`` caps the budgets ("quick" or "default"); ``out`` overrides the
     spec's ``output.dir``; ``storage`` (an SQLAlchemy URL) shares the studies
     between workers; ``trials`` overrides the number of trials per study.
+    ``region`` is a calibrated region file to use as given (it must fit the spec);
+    without it, the run folder's ``region.json`` is reused when it fits the spec and was
+    calibrated with at least the run's budget (``calibration_budget``, else the
+    profile's, else the spec's), and is otherwise calibrated, saying what it replaces.
     """
+    if region is not None and calibration_budget is not None:
+        raise OptimizeError("--calibration-budget sets the budget of a new calibration; with --region nothing is "
+                            "calibrated: give one of them")
     spec = check_spec(spec) if isinstance(spec, AppSpec) else load_spec(spec, check_entry_points=True)
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
     prof = prof.model_copy(update={"trials": trials}) if trials is not None else prof
+    if calibration_budget is not None:
+        prof = prof.model_copy(update={"calibration_budget": calibration_budget})
     clock = StageClock(console or Console(stderr=True))
     run_dir = (Path(out) if out is not None else Path(spec.output.dir)).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -61,18 +73,12 @@ def optimize(
     study_storage = open_storage(storage or spec.search.storage or f"sqlite:///{run_dir / 'study.db'}")
 
     with clock.stage("calibration"):
-        calibrated = calibrated_region(spec, prof.calibration_budget, run_dir)
+        chosen_region = calibrated_region(spec, prof.calibration_budget, run_dir, region, say=clock.console.log)
+        calibrated = chosen_region.region
+        if chosen_region.path != run_dir / REGION_FILE or not (run_dir / REGION_PLOT).exists():
+            calibrated.plot(run_dir / REGION_PLOT)  # the report shows the run folder's plot
     evidence = ClosedLoopEvidence.load(run_dir)
-    ctx = SearchContext(
-        spec=spec,
-        profile=prof,
-        nns={name: TargetNN.from_spec(name, nn) for name, nn in spec.nns.items()},
-        target=_target(spec, prof),
-        cache_dir=cache_dir_of(spec),
-        region=fold(calibrated, evidence.of(application_key(spec))),
-        reference_knobs={name: Knobs(seed=spec.search.seed) for name in spec.nns},
-        agnostic_tolerance=AGNOSTIC_TOLERANCE,
-    )
+    ctx = search_context(spec, prof, fold(calibrated, evidence.of(application_key(spec))))
     with clock.stage("reference NNs"):
         reference = _reference(ctx, run_dir)
 
@@ -117,7 +123,8 @@ def optimize(
             fidelity_note=fidelity_note(spec, front.validations),
             studies=studies,
             tuning={"trials_per_candidate": ctx.target.tuning.trials, "seconds_per_candidate": ctx.target.tuning.seconds},
-            region=run_dir / REGION_FILE,
+            region=chosen_region.path,
+            region_note=chosen_region.note,
             report=run_dir / "report.md",
             artifacts=export_configuration(ctx, aware, run_dir / "artifacts") if aware is not None else {},
             seconds=clock.seconds,
@@ -125,6 +132,20 @@ def optimize(
         write_report(result, run_dir)
         result.save(run_dir / "result.json")
     return result
+
+
+def search_context(spec: AppSpec, prof: Profile, region: ErrorRegion) -> SearchContext:
+    """What every trial, validation and export of a run on ``spec`` under ``prof`` needs, searching in ``region``."""
+    return SearchContext(
+        spec=spec,
+        profile=prof,
+        nns={name: TargetNN.from_spec(name, nn) for name, nn in spec.nns.items()},
+        target=_target(spec, prof),
+        cache_dir=cache_dir_of(spec),
+        region=region,
+        reference_knobs={name: Knobs(seed=spec.search.seed) for name in spec.nns},
+        agnostic_tolerance=AGNOSTIC_TOLERANCE,
+    )
 
 
 def _target(spec: AppSpec, prof: Profile) -> kernels.Target:

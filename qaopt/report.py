@@ -45,6 +45,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
             lines += [f"### {title}", "", _nn_table(config), ""]
     lines += ["## Error region", "", f"![error region](region.png)", "",
               f"Region from `{result.region.name}`; the reference NNs sit at {format_errors(result.reference.errors)}.", ""]
+    if result.region_note:
+        lines += [f"Region: {result.region_note}.", ""]
     lines += ["## Closed-loop validation", "", _validation_table(result), ""]
     if result.fidelity is not None:
         lines.append(f"Region fidelity: the region's prediction matched the closed-loop verdict for "
@@ -135,12 +137,25 @@ def _nn_table(config: Configuration) -> str:
 def _validation_table(result: Result) -> str:
     if not result.validations:
         return "No configuration was validated."
-    names = sorted({k for v in result.validations for k in v.totals})
-    rows = ["| trial | runs | passes | failures | verdict | region said valid | " + " | ".join(f"total {n}" for n in names) + " |",
+    names = list(dict.fromkeys(k for v in result.validations for k in v.metrics))
+    counted = {n for v in result.validations for n, m in v.metrics.items() if m.total is not None}
+    heads = [f"{n}: {'total' if n in counted else 'mean'} (worst run)" for n in names]
+    rows = ["| trial | runs | passes | failures | verdict | region said valid | " + " | ".join(heads) + " |",
             "|---|---|---|---|---|---|" + "---|" * len(names)]
     for v in result.validations:
+        cells = []
+        for n in names:
+            m = v.metrics.get(n)
+            if m is None:
+                cells.append("")
+                continue
+            shown = m.total if n in counted and m.total is not None else m.mean
+            cells.append(f"{shown:.4g}" + (f" ({m.worst_run:.4g})" if m.worst_run is not None else ""))
         rows.append(f"| {v.trial} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} | {v.region_predicted_valid} | "
-                    + " | ".join(f"{v.totals.get(n, float('nan')):.4g}" for n in names) + " |")
+                    + " | ".join(cells) + " |")
+    rows += ["", "Counts (metrics reported as whole numbers per run, such as collisions or crashes) are totals over "
+             "the runs; every other metric (distances, gaps, rates) is the mean per run, since a sum of them means "
+             "nothing. In brackets: the value in the worst run, the run whose QoS metric is worst."]
     return "\n".join(rows)
 
 

@@ -49,6 +49,16 @@ class Configuration(_Model):
     in_region: bool
 
 
+class RunMetric(_Model):
+    """One reported metric over a validation's closed-loop runs."""
+
+    mean: float = Field(description="mean per run")
+    worst_run: float | None = Field(
+        None, description="its value in the worst run (the run whose QoS metric is worst); None when not recorded")
+    total: float | None = Field(
+        None, description="sum over the runs, for counts only (a sum of e.g. distances or gaps means nothing)")
+
+
 class Validation(_Model):
     """Closed-loop runs of a configuration with its real approximated NNs in the loop."""
 
@@ -60,7 +70,10 @@ class Validation(_Model):
     accepted: bool
     region_predicted_valid: bool
     qos_metric_mean: float
-    totals: dict[str, float] = Field(description="each reported metric summed over the runs (e.g. distance, collisions)")
+    metrics: dict[str, RunMetric] = Field(
+        default_factory=dict, description="each metric the evaluator reports: its mean per run, its value in the worst "
+        "run, and for counts (collisions, crashes) its total over the runs")
+    worst_seed: int | None = Field(None, description="the seed of the run with the worst QoS metric value")
 
 
 class Speedups(_Model):
@@ -100,8 +113,9 @@ class StudySummary(_Model):
         return sorted(configs, key=lambda c: (c.latency_ms, c.memory_bytes or 0))
 
 
-RESULT_VERSION = 2
-"""Bumped when ``result.json`` changes meaning; 2 added the trials tables."""
+RESULT_VERSION = 3
+"""Bumped when ``result.json`` changes meaning; 2 added the trials tables, 3 per-metric means, worst runs and
+counts' totals in place of every metric's sum, and the region's provenance."""
 
 
 class Result(_Model):
@@ -126,6 +140,7 @@ class Result(_Model):
     studies: dict[str, StudySummary]
     tuning: dict[str, Any] = Field(default_factory=dict)
     region: Path
+    region_note: str = Field("", description="how the region was obtained: reused, calibrated, or what it replaced")
     report: Path
     artifacts: dict[str, dict[str, Path]] = Field(default_factory=dict)
     seconds: dict[str, float] = Field(default_factory=dict, description="wall time of each stage")

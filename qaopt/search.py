@@ -174,9 +174,12 @@ class Objective:
         self.ctx = ctx
         self.mode = mode
         self.on_trial = on_trial
+        self.trial: optuna.Trial | None = None
+        """The trial this process runs now (the one an interruption leaves unfinished)."""
 
     def __call__(self, trial: optuna.Trial) -> list[float]:
         ctx = self.ctx
+        self.trial = trial
         try:
             knobs = {name: self._knobs(trial, name) for name in ctx.nns}
             schedule = trial.suggest_categorical("schedule", list(schedules_for(len(ctx.nns), threads_of(ctx.target))))
@@ -207,6 +210,9 @@ class Objective:
             return self._values(latency, memory)
         except Exception as exc:
             trial.set_user_attr(ATTR_FAILURE, f"{type(exc).__name__}: {exc}")
+            raise
+        except BaseException as exc:  # Ctrl-C: recorded before Optuna fails the trial; run_study enqueues its retry
+            trial.set_user_attr(ATTR_FAILURE, interruption(exc))
             raise
 
     def _knobs(self, trial: optuna.Trial, name: str) -> Knobs:
@@ -277,8 +283,49 @@ def run_study(
             study.stop()
 
     if finished_trials(study) < n_trials:
-        study.optimize(Objective(ctx, mode, on_trial), catch=(Exception,), callbacks=[stop_when_done], gc_after_trial=True)
+        objective = Objective(ctx, mode, on_trial)
+        try:
+            study.optimize(objective, catch=(Exception,), callbacks=[stop_when_done], gc_after_trial=True)
+        except BaseException as exc:  # Ctrl-C (KeyboardInterrupt, or the CLI's own), SystemExit: not a trial's fault
+            if not isinstance(exc, Exception) and objective.trial is not None:
+                record_interruption(study, objective.trial, exc)
+            raise
     return study
+
+
+INTERRUPTED = "interrupted"
+"""How an interrupted trial's failure reason begins."""
+
+
+def interruption(exc: BaseException) -> str:
+    """The failure reason an interrupted trial carries.
+
+    Ctrl-C arrives as a ``KeyboardInterrupt``, or under the CLI as its own ``BaseException``
+    (:class:`qaopt.cli.Interrupted`); only ``SystemExit`` and ``GeneratorExit`` are something else.
+    """
+    cause = f"({type(exc).__name__})" if isinstance(exc, (SystemExit, GeneratorExit)) else "by Ctrl-C"
+    return f"{INTERRUPTED} {cause}; re-run on resume"
+
+
+def record_interruption(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:
+    """Fail an interrupted trial with its reason and enqueue its retry, so a resumed run runs it again first.
+
+    Like a trial of a killed process (failed by heartbeat), it does not count against the
+    budget (:func:`finished_trials`): a resumed run still ends with the budget's number of trials.
+    """
+    frozen = study._storage.get_trial(trial._trial_id)
+    if frozen.state.is_finished() and not str(frozen.user_attrs.get(ATTR_FAILURE, "")).startswith(INTERRUPTED):
+        return  # interrupted between trials: the last one finished (or failed on its own), nothing to redo
+    if not frozen.state.is_finished():  # interrupted outside the objective, or Optuna let the CLI's interruption by
+        if ATTR_FAILURE not in frozen.user_attrs:
+            trial.set_user_attr(ATTR_FAILURE, interruption(exc))
+        study.tell(trial, state=TrialState.FAIL)
+    history = [*frozen.system_attrs.get("retry_history", []), frozen.number]
+    study.add_trial(optuna.create_trial(
+        state=TrialState.WAITING, params=frozen.params, distributions=frozen.distributions,
+        system_attrs={**frozen.system_attrs, "failed_trial": frozen.system_attrs.get("failed_trial", frozen.number),
+                      "retry_history": history},
+    ))
 
 
 def finished_trials(study: optuna.Study) -> int:
@@ -288,7 +335,7 @@ def finished_trials(study: optuna.Study) -> int:
     so a resumed run still ends with the budget's number of trials.
     """
     trials = study.get_trials(deepcopy=False)
-    retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     return sum(
         t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and t.number not in retried)
         for t in trials

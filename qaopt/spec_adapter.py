@@ -11,6 +11,7 @@ command builds them here, so the two can never drift apart:
 spec                                      domain object
 ========================================  ==========================================
 ``evaluator.simulator``                   :func:`make_evaluator`: the application
+``nns`` (model, data, shapes)             :func:`check_nn_shapes`: one sample through each NN
 ``calibration.space`` (``schema.Axis``)   :func:`space_of`: ``ErrorSpace`` of ``calibrate.Axis``
 ``qos`` (metric, max, min)                :func:`goal_of`: ``QoSGoal``
 ``qos.acceptance`` (``Acceptance``)       :func:`acceptance_of`: ``AcceptanceTest``
@@ -28,18 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
-from qaopt.app_spec import AppSpec, QaoptError, content_hash, file_hash, load_entry_point, store
+from qaopt.app_spec import AppSpec, QaoptError, SpecError, content_hash, file_hash, load_entry_point, store
 from qaopt.application import ApplicationError, check_application, check_methods
 from qaopt.calibrate import (
     AcceptanceTest,
     Axis,
-    CalibrationError,
     ErrorModel,
     ErrorSpace,
     QoSEvaluator,
     QoSGoal,
     make_error_model,
 )
+from qaopt.spec import located, problem
 
 
 def cache_dir_of(spec: AppSpec) -> Path:
@@ -64,42 +65,94 @@ def acceptance_of(spec: AppSpec) -> AcceptanceTest:
 def make_evaluator(spec: AppSpec, *, check_runs: bool = False) -> QoSEvaluator:
     """The spec's simulator: its entry point called with its params.
 
-    Its methods are checked against :class:`~qaopt.calibrate.QoSEvaluator` (no run is
-    made); ``check_runs`` checks the whole application protocol with a few short runs
-    instead (:func:`qaopt.check_application`, what ``qaopt validate`` does). An
+    Constructing it is the check of its params: an error it raises is placed at
+    ``evaluator.simulator.params`` (at the parameter itself when the error names it in
+    a ``param`` attribute, as CropFollow's does). Its methods are checked against
+    :class:`~qaopt.calibrate.QoSEvaluator` (no run is made); ``check_runs`` checks the
+    whole application protocol with a few short runs instead
+    (:func:`qaopt.check_application`, what ``qaopt validate`` does). Every error is
+    located like a spec error (``file:line:col: field: ...``). An
     :class:`~qaopt.calibrate.Application` is returned as it is, so closed-loop
     validation can use it.
     """
-    where = spec.source or "spec"
     sim = spec.evaluator.simulator
     if sim is None:
-        raise CalibrationError(
-            f"{where}: evaluator.simulator is missing; calibration injects errors into a "
-            "simulator (field runs refine a region, see `qaopt field`); add evaluator.simulator.entry_point"
-        )
+        raise problem(spec, ("evaluator",), (
+            "evaluator.simulator is missing; calibration injects errors into a simulator (field runs refine a "
+            "region, see `qaopt field`); add evaluator.simulator.entry_point"))
     if sim.entry_point is None:
-        raise CalibrationError(
-            f"{where}: evaluator.simulator.env_id is not supported by calibration yet; "
-            "give an entry_point (module:Class) implementing qaopt.calibrate.Application"
-        )
-    factory = load_entry_point(sim.entry_point)
+        raise problem(spec, ("evaluator", "simulator", "env_id"), (
+            "not supported by calibration yet; give an entry_point (module:Class) implementing "
+            "qaopt.calibrate.Application"))
+    at = ("evaluator", "simulator", "entry_point")
+    try:
+        factory = load_entry_point(sim.entry_point)
+    except QaoptError as exc:
+        raise problem(spec, at, str(exc)) from None
     try:
         evaluator = factory(**sim.params)
-    except QaoptError:
-        raise
-    except Exception as exc:
-        raise ApplicationError(
-            f"{where}: evaluator.simulator: {sim.entry_point}(**params) raised {type(exc).__name__}: {exc}; "
-            "fix evaluator.simulator.params"
-        ) from exc
+    except Exception as exc:  # noqa: BLE001 - whatever the user's constructor raises is a params problem
+        param = getattr(exc, "param", None)
+        loc = ("evaluator", "simulator", "params", *(param.split(".") if isinstance(param, str) else ()))
+        told = str(exc) if isinstance(exc, QaoptError) else f"{type(exc).__name__}: {exc}"
+        raise problem(spec, loc, f"{sim.entry_point}(**params) raised {told}; fix evaluator.simulator.params") from exc
     try:
         if check_runs:
             check_application(evaluator, spec)
         else:
             check_methods(evaluator, QoSEvaluator)
     except ApplicationError as exc:
-        raise ApplicationError(f"{where}: evaluator.simulator.entry_point {sim.entry_point!r}: {exc}") from None
+        raise ApplicationError(str(located(spec, [{"loc": at, "msg": f"{sim.entry_point!r}: {exc}"}])[0])) from None
     return evaluator
+
+
+def check_nn_shapes(spec: AppSpec) -> None:
+    """Load each NN and its data and run one sample through it: shapes must agree with ``input_shape`` and ``outputs``.
+
+    Cheap (one forward pass per NN), but it calls the NNs' model and data entry points,
+    which may build or load their data the first time. Raises :class:`SpecError`
+    with one located problem per NN at fault.
+    """
+    from qaopt.approx import TargetNN  # heavy (torch): only when asked to
+
+    problems = []
+    for name, nn in spec.nns.items():
+        try:
+            target = TargetNN.from_spec(name, nn)  # checks the data's shapes against input_shape
+            _check_sample(target, nn.input_shape, len(nn.outputs))
+        except _ShapeError as exc:
+            problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": str(exc)}])
+        except QaoptError as exc:  # a message that starts with its field (nns.a.weights: ...) is placed there
+            loc = ("nns", name, "input_shape") if "input_shape" in str(exc) else ("nns", name)
+            problems += located(spec, [{"loc": loc, "msg": str(exc)}])
+        except Exception as exc:  # noqa: BLE001 - the user's model or data code failed
+            problems += located(spec, [{"loc": ("nns", name), "msg": f"loading the model and data raised "
+                                                                   f"{type(exc).__name__}: {exc}"}])
+    if problems:
+        raise SpecError(problems)
+
+
+class _ShapeError(QaoptError):
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+def _check_sample(target, input_shape: list[int], outputs: int) -> None:
+    import torch
+
+    with torch.no_grad():
+        try:
+            target.model(torch.zeros(input_shape))
+        except Exception as exc:  # noqa: BLE001 - the model rejects the declared shape
+            raise _ShapeError("input_shape", f"the model does not take an input of shape {tuple(input_shape)}: "
+                                             f"{type(exc).__name__}: {exc}") from exc
+        sample = torch.as_tensor(np.asarray(target.data.x_val[:1], dtype=np.float32))
+        out = target.model(sample)
+    shape = tuple(out.shape)
+    if shape != (1, outputs):  # what approx compares with the data's labels, (N, outputs)
+        raise _ShapeError("outputs", f"one sample of the data gives an output of shape {shape}; the spec's "
+                                     f"{outputs} output(s) need shape (1, {outputs})")
 
 
 def simulator_key(spec: AppSpec, evaluator: object) -> str:

@@ -124,7 +124,7 @@ def test_wrong_type_and_out_of_range_name_the_dotted_path_and_line(tmp_path):
         (lambda d: d["calibration"]["space"][1].update(nn="distanse"), "no NN named 'distanse'"),
         (lambda d: d["calibration"]["space"][0].update(min=40.0), "empty error range"),
         (lambda d: d["calibration"].update(budget=0), "calibration.budget: Input should be greater than 0"),
-        (lambda d: d["approximations"].update(steering={}), "approximations: approximations.steering: no NN named"),
+        (lambda d: d["approximations"].update(steering={}), "approximations.steering: no NN named 'steering'"),
         (lambda d: d["nns"]["heading"]["error_metric"].update(output="yaw"), "'yaw' is not one of the outputs"),
         (lambda d: d["qos"].pop("max"), "give the goal for 'collisions_per_100m'"),
         (lambda d: d["qos"]["acceptance"].update(min_trials=200), "min_trials (200) must not exceed max_trials"),

@@ -149,7 +149,7 @@ def test_validate_exits_2_naming_a_simulator_that_breaks_the_protocol(tmp_path, 
         main(["validate", str(spec)])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {spec}: evaluator.simulator.entry_point 'brokenapp:Broken': Broken.evaluate(")
+    assert err.startswith(f"error: {spec}:5:5: evaluator.simulator.entry_point: 'brokenapp:Broken': Broken.evaluate(")
     assert "returned no finite 'crashes' for seed 0" in err and "Traceback" not in err
     # --no-application skips the runs
     with pytest.raises(SystemExit) as info:

@@ -83,11 +83,49 @@ def test_artifacts_are_deployable(tiny_run):
 
     _, result = tiny_run
     for nn, files in result.artifacts.items():
-        assert set(files) == {"state_dict", "onnx", "compiled"}
+        assert set(files) == {"module", "state_dict", "onnx", "compiled"}
         session = ort.InferenceSession(str(files["onnx"]), providers=["CPUExecutionProvider"])
         out = session.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})[0]
         assert out.shape == (1, 1) and np.isfinite(out).all()
         assert all(Path(p).exists() for p in files.values()), nn
+
+
+def test_load_artifacts_rebuilds_each_validated_nn(tiny_run):
+    """One call rebuilds every chosen NN (pruned architecture included) with the validated NN's outputs."""
+    import torch
+
+    import qaopt
+    from qaopt import kernels
+    from qaopt.approx import Knobs, TargetNN, build
+    from qaopt.spec import load_spec
+    from qaopt.spec_adapter import cache_dir_of
+
+    spec_path, result = tiny_run
+    modules = qaopt.load_artifacts(spec_path.parent / "runs")
+    spec = load_spec(spec_path)
+    assert set(modules) == set(result.aware.nns)
+    assert any(c.params < result.reference.nns[n].params for n, c in result.aware.nns.items()), "no pruned NN chosen"
+    for name, choice in result.aware.nns.items():
+        target = TargetNN.from_spec(name, spec.nns[name])
+        candidate = build(target, Knobs.model_validate(choice.knobs), cache_dir=cache_dir_of(spec), onnx=kernels.onnx)
+        module = modules[name]
+        assert sum(p.numel() for p in module.parameters()) == choice.params, "the pruned architecture was not rebuilt"
+        x = np.asarray(target.data.x_val, np.float32)
+        with torch.inference_mode():
+            loaded = module(torch.from_numpy(x)).float().numpy()
+        np.testing.assert_allclose(loaded, candidate.predict(x), rtol=1e-5, atol=1e-6)
+
+
+def test_validation_table_shows_means_worst_runs_and_counts(tiny_run):
+    spec_path, result = tiny_run
+    v = result.validations[0]
+    # tiny's QoS metric `crashes` (0/1 per run) is a count; `steps` (a length per run) is averaged.
+    assert v.metrics["crashes"].total == v.failures and v.metrics["steps"].total is None
+    assert v.metrics["steps"].mean == pytest.approx(30.0) and v.metrics["steps"].worst_run == pytest.approx(30.0)
+    assert v.worst_seed is not None
+    report = (spec_path.parent / "runs" / "report.md").read_text()
+    assert "| crashes: total (worst run) | steps: mean (worst run) |" in report
+    assert "total steps" not in report and "are totals over the runs" in report
 
 
 def test_rerun_resumes_without_repeating_work(tiny_run, monkeypatch):
@@ -251,7 +289,7 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
         fails = trial == 1
         return Validation(trial=trial, runs=runs, passes=0 if fails else runs, failures=runs if fails else 0,
                           verdict="invalid" if fails else "valid", accepted=not fails,
-                          region_predicted_valid=region_predicted_valid, qos_metric_mean=float(fails), totals={})
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=float(fails))
 
     ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
     front = validation_stage.validate_front(ctx, [fastest, dominated, other], region, ClosedLoopEvidence(), base)
@@ -280,7 +318,7 @@ def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeyp
         validated.append(trial)
         fails = int(trial is not None)  # the approximation fails once; the reference never
         return Validation(trial=trial, runs=runs, passes=runs - fails, failures=fails, verdict="undecided", accepted=False,
-                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0, totals={})
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0)
 
     ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
     front = validation_stage.validate_front(ctx, [approximated], region, ClosedLoopEvidence(), reference)
@@ -293,3 +331,17 @@ def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeyp
                                             reference)
     assert validated == [] and [v.trial for v in again.validations] == [7, None]
     assert again.evidence == front.evidence and len(again.evidence.runs) == 1
+
+
+def test_a_validation_cached_by_an_earlier_version_is_read_not_rerun(tmp_path):
+    """Closed-loop runs are dear: a version-1 cache entry (every metric summed) is read back as means."""
+    from qaopt.app_spec import store
+
+    path = tmp_path / "v1.json"
+    store.write_json(path, "Validation", 1, {
+        "trial": 3, "runs": 4, "passes": 4, "failures": 0, "verdict": "undecided", "accepted": False,
+        "region_predicted_valid": True, "qos_metric_mean": 0.0, "totals": {"collisions": 2.0, "final_gap_cm": 10.0}})
+    old = validation_stage._read_version_1(path)
+    assert old is not None and old.runs == 4
+    assert old.metrics["final_gap_cm"].mean == 2.5 and old.metrics["final_gap_cm"].total is None
+    assert old.metrics["collisions"].worst_run is None

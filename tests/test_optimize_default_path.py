@@ -11,6 +11,7 @@ import io
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from rich.console import Console
@@ -19,6 +20,21 @@ from qaopt import optimize
 
 APPS = Path(__file__).resolve().parent / "apps"
 DTYPES = ["fp32", "bf16", "int8"]
+
+
+def _assert_onnx_contract(path: Path, sample_shape: tuple[int, ...]) -> None:
+    """Every exported NN: one input ``input``, one output ``output``, and a dynamic batch axis."""
+    import onnx
+    import onnxruntime as ort
+
+    graph = onnx.load(str(path)).graph
+    assert [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}] == ["input"], path
+    assert [o.name for o in graph.output] == ["output"], path
+    assert graph.input[0].type.tensor_type.shape.dim[0].dim_param, f"{path}: the batch axis is fixed"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        out = session.run(["output"], {"input": np.zeros((batch, *sample_shape), np.float32)})[0]
+        assert out.shape[0] == batch and np.isfinite(out).all()
 
 
 def _table(report: str, heading: str) -> list[dict[str, str]]:
@@ -87,3 +103,36 @@ def test_report_tables_hold_the_measured_figures(default_path_run):
             assert float(row["latency (ms)"]) == pytest.approx(nn.latency_ms, abs=0.01)
     validation = _table(report, "## Closed-loop validation")
     assert [int(r["runs"]) for r in validation] == [v.runs for v in result.validations]
+
+
+def test_every_dtype_exports_one_onnx_contract_and_loads_back(default_path_run, tmp_path):
+    """fp32, bf16 and int8 NNs export ``model.onnx`` with ``input``/``output`` and a dynamic batch, and
+    :func:`qaopt.load_artifacts` gives back modules computing what the validated candidates computed."""
+    import torch
+
+    import qaopt
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.optimizer import search_context
+    from qaopt.profiles import get_profile
+    from qaopt.spec import load_spec
+    from qaopt.stages.export import export_configuration
+
+    result, _ = default_path_run
+    spec = load_spec(result.spec)
+    ctx = search_context(spec, get_profile("quick"), ErrorRegion.load(result.region))
+    measured = [t.configuration for s in result.studies.values() for t in s.trials if t.configuration]
+    for dtype in DTYPES:
+        config = next(c for c in measured if any(n.knobs["dtype"] == dtype for n in c.nns.values()))
+        run_dir = tmp_path / dtype
+        files = export_configuration(ctx, config, run_dir / "artifacts")
+        result.model_copy(update={"aware": config, "run_dir": run_dir, "artifacts": files}).save(run_dir / "result.json")
+        modules = qaopt.load_artifacts(run_dir)
+        for name, choice in config.nns.items():
+            _assert_onnx_contract(files[name]["onnx"], (1, 8, 8))
+            x = np.asarray(ctx.nns[name].data.x_val, np.float32)
+            module = modules[name]
+            dtype_of = next(module.parameters()).dtype if choice.knobs["dtype"] != "int8" else torch.float32
+            with torch.inference_mode():
+                loaded = module(torch.from_numpy(x).to(dtype_of)).float().numpy()
+            np.testing.assert_allclose(loaded, ctx.build(name, choice.knobs).predict(x), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{name} ({choice.knobs['dtype']})")

@@ -22,13 +22,15 @@ def calibrate(
     """Inject errors into the NNs of the simulated application and map the valid error region.
 
     Every point is judged by a sequential statistical test over seeded runs; runs
-    are cached, so an interrupted calibration resumes when run again.
+    are cached, so an interrupted calibration resumes when run again. The whole spec
+    is validated first, every entry point imported and the simulator constructed,
+    so a typo is reported (file:line:column: field: ...) before any run.
     """
     from qaopt.calibrate import Verdict  # scipy/sklearn: only when a calibration runs
     from qaopt.field.evidence import spec_evidence
     from qaopt.region_calibration import build_calibration, calibrate_spec
 
-    app_spec = load_spec(spec)
+    app_spec = load_spec(spec, check_entry_points=True)
     console = Console()
     cal = build_calibration(app_spec)
     field = spec_evidence(app_spec)  # runs logged in evaluator.field.store, if the spec names one

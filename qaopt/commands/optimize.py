@@ -18,16 +18,26 @@ def optimize(
         "else a SQLite file in the run folder)."
     ),
     trials: int | None = typer.Option(None, "--trials", min=1, help="Trials per study (overrides spec and profile)."),
+    region: Path | None = typer.Option(
+        None, "--region", help="A calibrated region.json to use as given (it must fit the spec; nothing is "
+        "calibrated). Default: the run folder's region.json when it fits and its budget is at least this run's."
+    ),
+    calibration_budget: int | None = typer.Option(
+        None, "--calibration-budget", min=1, help="QoS evaluations of a new calibration (overrides spec and profile); "
+        "a compatible region calibrated with at least this many is reused."
+    ),
 ) -> None:
     """Find the fastest NN configuration that keeps the application's QoS, and validate it closed-loop.
 
     Writes result.json, report.md (with region and Pareto plots) and artifacts/ to the run
     folder. Running it again resumes: finished calibrations, candidates, tunings and trials
-    are reused.
+    are reused, and a trial interrupted by Ctrl-C is run again. A region.json that `qaopt
+    calibrate` wrote for this spec is reused (and never replaced by a smaller calibration).
     """
     from qaopt.optimizer import optimize as run
 
-    result = run(spec, profile=profile, out=out, storage=storage, trials=trials)
+    result = run(spec, profile=profile, out=out, storage=storage, trials=trials, region=region,
+                 calibration_budget=calibration_budget)
     s = result.speedups
     typer.echo(f"report: {result.report}")
     if result.aware is not None:

@@ -4,8 +4,9 @@
 stage          module                         artifact (under the run or cache folder)     key (recomputed when it changes)
 =============  =============================  ==========================================  =================================
 reference      :mod:`.reference`              the reference candidates (approx cache)      NN weights, data, knobs, recipe
-region         :mod:`.region`                 ``region.json``, ``region.png``              simulator, QoS, calibration, NNs,
-                                                                                           budget, field evidence
+region         :mod:`.region`                 ``region.json``, ``region.png``              simulator, QoS, space, error
+                                                                                           models, field evidence; reused
+                                                                                           when its budget is >= the run's
 studies        :mod:`qaopt.search`            the Optuna storage (``study.db``)            app, spec hash, mode
 validation     :mod:`.validation`             ``cache/optimize/validation/<key>.json``,    candidates, runs, simulator, QoS,
                                               ``closed_loop.json``                         seeds

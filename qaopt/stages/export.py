@@ -1,40 +1,103 @@
 """The export stage: each chosen NN as files a robot team deploys, under ``artifacts/<nn>/``.
 
-``state_dict.pt`` (the weights), ``model.onnx`` (the graph that ran: the int8 QDQ
-graph for int8, else the float module exported by :func:`qaopt.kernels.export_onnx`)
-and the compiled library of the backend that was measured. Each file is written
-atomically, so a killed export never leaves a file a later run mistakes for whole.
+- ``module.pt``: the whole torch module that was validated (pruned architecture and
+  fine-tuned weights, in its float dtype; for int8, the float module the int8 graph
+  was quantized from). :func:`load_artifacts` rebuilds every NN from it in one call.
+- ``state_dict.pt``: its weights alone (they load into the module of ``module.pt``,
+  not into the unpruned class).
+- ``model.onnx``: the graph that ran: the int8 QDQ graph for int8, else the float
+  module exported by :func:`qaopt.kernels.export_onnx`. Every one has the input
+  ``input``, the output ``output`` and a dynamic batch axis 0.
+- the compiled library of the backend that was measured.
+
+Each file is written atomically, so a killed export never leaves a file a later run
+mistakes for whole.
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
+import sys
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch import nn
+
 from qaopt import kernels
-from qaopt.app_spec import store
+from qaopt.app_spec import QaoptError, store
 from qaopt.measuring import compile_choice
-from qaopt.result import Configuration
+from qaopt.result import Configuration, Result
 from qaopt.search import SearchContext
+
+ARTIFACTS = "artifacts"
+MODULE_FILE = "module.pt"
+STATE_DICT_FILE = "state_dict.pt"
+ONNX_FILE = "model.onnx"
 
 
 def export_configuration(ctx: SearchContext, config: Configuration, folder: Path) -> dict[str, dict[str, Path]]:
     """Write every NN of ``config`` into ``folder``; returns NN -> kind -> path."""
-    import torch
-
     out: dict[str, dict[str, Path]] = {}
     for name, choice in config.nns.items():
         candidate = ctx.build(name, choice.knobs)
         nn_dir = folder / name
-        files = {"state_dict": nn_dir / "state_dict.pt", "onnx": nn_dir / "model.onnx"}
+        files = {"module": nn_dir / MODULE_FILE, "state_dict": nn_dir / STATE_DICT_FILE, "onnx": nn_dir / ONNX_FILE}
+        with store.atomic_path(files["module"]) as tmp:
+            torch.save(candidate.module, tmp)
         with store.atomic_path(files["state_dict"]) as tmp:
             torch.save(candidate.module.state_dict(), tmp)
         with store.atomic_path(files["onnx"]) as tmp:
             if candidate.onnx_path is not None:
                 shutil.copyfile(candidate.onnx_path, tmp)
-            else:
-                kernels.export_onnx(candidate.module.float(), [ctx.nns[name].example_input], tmp)
+            else:  # a float copy: the candidate's own module keeps its dtype for the compiled export below
+                kernels.export_onnx(copy.deepcopy(candidate.module).float(), [ctx.nns[name].example_input], tmp)
         compiled = compile_choice(candidate, ctx.examples()[name], choice, ctx.target, ctx.cache_dir)
         files["compiled"] = compiled.export(nn_dir / f"compiled-{choice.backend}")
         out[name] = files
     return out
+
+
+def load_artifacts(run_dir: str | Path, threads: int | None = None) -> dict[str, nn.Module]:
+    """Every chosen NN of a finished ``qaopt optimize`` run, rebuilt from ``run_dir/artifacts`` in one call.
+
+    Returns NN name -> torch module in eval mode, computing what closed-loop validation
+    ran: fp32 and bf16 NNs are the pruned, fine-tuned modules themselves, in their dtype
+    (cast a bf16 NN's inputs to bfloat16); an int8 NN is an :class:`OnnxModule` that runs its int8 graph
+    ``model.onnx`` with ONNX Runtime on ``threads`` threads (its float origin is
+    ``.float_module``). ``module.pt`` is a pickle: the NN's class must import (the spec's
+    folder is put on the import path, as for its entry points), and load only runs you trust.
+    """
+    run_dir = Path(run_dir).resolve()
+    result = Result.load(run_dir / "result.json")
+    if result.aware is None:
+        raise QaoptError(f"{run_dir}: this run chose no configuration, so it exported no NN")
+    folder = str(Path(result.spec).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    modules: dict[str, nn.Module] = {}
+    for name, choice in result.aware.nns.items():
+        nn_dir = run_dir / ARTIFACTS / name
+        if not (nn_dir / MODULE_FILE).exists():
+            raise QaoptError(f"{nn_dir / MODULE_FILE}: missing; this run's artifacts predate it: run `qaopt optimize` "
+                             "again (it resumes from the cache and writes them)")
+        module = torch.load(nn_dir / MODULE_FILE, weights_only=False, map_location="cpu").eval()
+        if choice.knobs.get("dtype") == "int8":
+            module = OnnxModule(nn_dir / ONNX_FILE, module, threads)
+        modules[name] = module
+    return modules
+
+
+class OnnxModule(torch.nn.Module):
+    """An exported int8 NN as a torch module: ``forward`` runs its ONNX graph (``input`` -> ``output``) with ONNX Runtime."""
+
+    def __init__(self, path: Path, float_module: torch.nn.Module, threads: int | None = None):
+        super().__init__()
+        self.path = Path(path)
+        self.session = kernels.ort_session(self.path, threads)
+        self.float_module = float_module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = np.ascontiguousarray(x.detach().cpu().float().numpy())
+        return torch.from_numpy(self.session.run([kernels.OUTPUT_NAME], {kernels.INPUT_NAME: x})[0])

@@ -3,9 +3,11 @@
 Two artifacts, each with one writer:
 
 - ``region.json``: the region calibration charted with injected errors. Written by
-  calibration alone, under the key of everything that determines it (the simulator,
-  QoS goal, calibration settings, NNs, the profile's budget and the field evidence);
-  never changed afterwards.
+  :func:`qaopt.region_calibration.calibrate_spec` alone (``qaopt calibrate``, or this
+  stage when no compatible region exists); never changed afterwards. A run reuses it
+  when it fits the spec (same simulator, QoS goal, error space and models, see
+  :func:`differences`), holds the current field evidence and was calibrated with at
+  least the run's budget; it replaces it otherwise, and says so (console and report).
 - ``closed_loop.json``: what closed-loop validation observed with real approximated
   NNs in the loop. Written by the validation stage alone; each entry carries the key
   of the application it was observed on, so entries of another simulator or goal are
@@ -17,20 +19,27 @@ with the closed-loop evidence folded in. Nothing is mutated on disk.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from qaopt.app_spec import AppSpec, content_hash, store
-from qaopt.calibrate import CalibrationError, ErrorRegion, Evidence
+from qaopt.app_spec import AppSpec, store
+from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence
+from qaopt.calibrate.region import SIMULATOR
 from qaopt.field.evidence import spec_evidence
-from qaopt.region_calibration import calibrate_spec
+from qaopt.region_calibration import build_calibration, calibrate_spec
 
 REGION_FILE = "region.json"
 REGION_PLOT = "region.png"
-KEY_INFO = "calibration_key"
-"""The entry of the region's ``info`` that holds the key it was calibrated under."""
+PREVIOUS_REGION_FILE = "region.previous.json"
+"""Where an incompatible ``region.json`` is kept when a run calibrates for its own spec."""
+WRITER_INFO = "written_by"
+"""The entry of the region's ``info`` that names the command that calibrated it (absent: ``qaopt calibrate``)."""
 CLOSED_LOOP_FILE = "closed_loop.json"
 CLOSED_LOOP_VERSION = 1
 CLOSED_LOOP_SOURCE = "closed-loop"
@@ -83,42 +92,149 @@ def application_key(spec: AppSpec) -> str:
     return spec.content_hash("evaluator", "qos", "nns")
 
 
-def calibration_key(spec: AppSpec, budget: int | None, field_evidence: Sequence[Evidence]) -> str:
-    """What the calibrated region depends on; a new field run changes it, so the region is recomputed from cached runs."""
-    return content_hash(spec.content_hash("evaluator", "qos", "calibration", "nns"), budget,
-                        [(dict(e.errors), e.passes, e.failures, e.source) for e in field_evidence])
+@dataclass(frozen=True)
+class RegionChoice:
+    """The calibrated region a run searches in, the file it lives in, and how it was obtained (console and report)."""
+
+    region: ErrorRegion
+    path: Path
+    note: str
 
 
-def calibrated_region(spec: AppSpec, budget: int | None, run_dir: Path) -> ErrorRegion:
-    """This spec's calibrated region: ``region.json`` when it was made from the same inputs, else calibrated now.
+def requested_budget(spec: AppSpec, budget: int | None) -> int:
+    """The calibration budget a run asks for: ``budget`` (option or profile), else the spec's."""
+    return spec.calibration.budget if budget is None else budget
 
-    Field runs logged in the spec's field store are evidence that confirms or overturns
-    simulator verdicts; a new field run changes the key, so the region is recomputed
-    (from cached simulator runs, in seconds).
+
+def calibrated_region(
+    spec: AppSpec, budget: int | None, run_dir: Path, region_file: Path | None = None,
+    say: Callable[[str], None] = lambda line: None,
+) -> RegionChoice:
+    """This spec's calibrated region: an existing compatible one, reused; else calibrated now.
+
+    ``region_file`` (``--region``) is used as given, never rewritten: an incompatible one
+    is an error. Otherwise ``run_dir/region.json`` (written by ``qaopt calibrate`` or an
+    earlier run) is reused when it is compatible (:func:`differences`) and was calibrated
+    with at least ``budget`` evaluations: a larger budget makes a better region, so a
+    quick profile never replaces it. A smaller, stale (field evidence changed) or
+    incompatible one is replaced by a new calibration (simulator runs come from the
+    cache), and ``say`` tells so; an incompatible one is first kept as ``region.previous.json``.
     """
+    wanted = requested_budget(spec, budget)
     field_evidence = spec_evidence(spec).evidence
-    key = calibration_key(spec, budget, field_evidence)
-    region = load_calibrated(run_dir, key)
-    if region is None:
-        region, _ = calibrate_spec(spec, budget=budget, out=run_dir, evidence=field_evidence, info={KEY_INFO: key})
-    return region
+    cal = build_calibration(spec)
+    if region_file is not None:
+        path = Path(region_file).resolve()
+        region = ErrorRegion.load(path)  # a CalibrationError names the file
+        problems = differences(region, cal)
+        if problems:
+            raise CalibrationError(f"--region {path}: calibrated for other inputs than {spec.source} ("
+                                   f"{'; '.join(problems)}); run `qaopt calibrate {spec.source}` or leave --region out")
+        note = f"region from --region {path} ({_budget_text(region)}), used as given"
+        if _budget(region) < wanted:
+            note += f"; its budget is below this run's {wanted}"
+        new_evidence = _missing(field_evidence, region)
+        if new_evidence:
+            note += f"; {len(new_evidence)} newer field evidence point(s) folded in"
+            region = _with_evidence(region, new_evidence)
+        say(note)
+        return RegionChoice(region, path, note)
 
-
-def load_calibrated(run_dir: Path, key: str) -> ErrorRegion | None:
-    """``region.json`` of this folder when it was calibrated under ``key``; else ``None`` (calibrate again)."""
     path = run_dir / REGION_FILE
+    existing, unreadable = _read(path)
+    if existing is None:
+        note = f"{REGION_FILE} was unreadable ({unreadable}); calibrating anew" if unreadable else ""
+        calibrate_with = wanted
+    else:
+        problems = differences(existing, cal)
+        if problems:
+            kept = path.with_name(PREVIOUS_REGION_FILE)
+            os.replace(path, kept)  # nothing computed is lost: the other inputs' region stays readable
+            note = (f"{REGION_FILE} was calibrated for other inputs ({'; '.join(problems)}); kept as {kept.name}, "
+                    f"calibrating for this spec")
+            calibrate_with = wanted
+        elif _missing(field_evidence, existing) or len(_field(existing)) != len(field_evidence):
+            calibrate_with = max(wanted, _budget(existing))
+            note = (f"field evidence changed since {REGION_FILE} ({_budget_text(existing)}) was calibrated; "
+                    f"calibrating again with budget {calibrate_with} (simulator runs come from the cache)")
+        elif _budget(existing) >= wanted:
+            note = f"reusing {REGION_FILE} ({_budget_text(existing)}; this run asks for {wanted})"
+            say(note)
+            return RegionChoice(existing, path, note)
+        else:
+            calibrate_with = wanted
+            note = (f"replacing {REGION_FILE} ({_budget_text(existing)}) with a budget-{wanted} calibration "
+                    f"(its simulator runs come from the cache)")
+    if note:
+        say(note)
+    region, _ = calibrate_spec(spec, budget=calibrate_with, out=run_dir, evidence=field_evidence, calibration=cal,
+                               info={WRITER_INFO: "qaopt optimize"})
+    return RegionChoice(region, path, note or f"calibrated {REGION_FILE} (budget {calibrate_with})")
+
+
+def differences(region: ErrorRegion, cal: Calibration) -> list[str]:
+    """What makes ``region`` unusable for the calibration ``cal`` describes; empty when compatible.
+
+    Compatible means the same simulator (its params and code), QoS goal and acceptance test,
+    error space (the NNs and their axes), NN error metrics and error models. The strategy
+    and the budget may differ: they decide how well the region is charted, not what it means.
+    """
+    info = region.info
+    expected = {
+        "simulator": (info.get("app_key"), cal.app_key),
+        "QoS goal": (info.get("goal"), cal.goal.to_json()),
+        "acceptance test": (region.acceptance.to_json(), cal.acceptance.to_json()),
+        "error space": (region.space.to_json(), cal.space.to_json()),
+        "NN error metrics": (region.metrics, {nn: m.config()["metric"] for nn, m in cal.models.items()
+                                              if nn in cal.space.nns}),
+        "error model": (info.get("error_models"), {nn: cal.models[nn].config() for nn in cal.space.nns}),
+    }
+    return [f"{what} differs" for what, (have, want) in expected.items() if _canonical(have) != _canonical(want)]
+
+
+def _canonical(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _read(path: Path) -> tuple[ErrorRegion | None, str]:
     if not path.exists():
-        return None
+        return None, ""
     try:
-        region = ErrorRegion.load(path)
-    except (CalibrationError, KeyError, TypeError, ValueError):  # a torn or older file is recomputed, never trusted
-        return None
-    return region if region.info.get(KEY_INFO) == key else None
+        return ErrorRegion.load(path), ""
+    except CalibrationError as exc:  # a torn or older file is recomputed, never trusted
+        return None, str(exc).splitlines()[0]
+
+
+def _budget(region: ErrorRegion) -> int:
+    budget = region.info.get("budget")
+    return budget if isinstance(budget, int) else region.evaluations
+
+
+def _budget_text(region: ErrorRegion) -> str:
+    by = region.info.get(WRITER_INFO) or ("qaopt optimize" if "calibration_key" in region.info else "qaopt calibrate")
+    return f"budget {_budget(region)}, {region.evaluations} evaluations, by {by}"
+
+
+def _field(region: ErrorRegion) -> list[tuple]:
+    return [_evidence_key(o.errors, o.passes, o.failures, o.source) for o in region.observations if o.source != SIMULATOR]
+
+
+def _evidence_key(errors: Mapping[str, float], passes: int, failures: int, source: str) -> tuple:
+    return (tuple(sorted((k, round(float(v), 9)) for k, v in errors.items())), passes, failures, source)
+
+
+def _missing(evidence: Sequence[Evidence], region: ErrorRegion) -> list[Evidence]:
+    """The field evidence ``region`` was not calibrated with."""
+    have = set(_field(region))
+    return [e for e in evidence if _evidence_key(e.errors, e.passes, e.failures, e.source) not in have]
+
+
+def _with_evidence(region: ErrorRegion, evidence: Sequence[Evidence]) -> ErrorRegion:
+    copy = ErrorRegion.from_json(region.to_json())
+    copy.add_evidence(list(evidence))
+    return copy
 
 
 def fold(calibrated: ErrorRegion, runs: Sequence[ClosedLoopRun]) -> ErrorRegion:
     """A new region: the calibrated one with closed-loop runs added as evidence (the calibrated object is untouched)."""
-    region = ErrorRegion.from_json(calibrated.to_json())
-    for run in runs:
-        region.add_evidence(run.evidence())
-    return region
+    return _with_evidence(calibrated, [run.evidence() for run in runs])

@@ -21,7 +21,8 @@ from qaopt.spec_adapter import make_evaluator
 from qaopt.stages.region import ClosedLoopEvidence, ClosedLoopRun, application_key, fold
 from qaopt.closed_loop import VALIDATION_SEED_BASE, validate_closed_loop
 
-VALIDATION_VERSION = 1
+VALIDATION_VERSION = 2
+"""2: per-metric means, worst run and counts' totals; a version-1 file (every metric summed) is read as means."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def validate_configuration(ctx: SearchContext, config: Configuration) -> Validat
                        VALIDATION_SEED_BASE)
     path = ctx.cache_dir / "optimize" / "validation" / f"{key}.json"
     labels = {"trial": config.trial, "region_predicted_valid": config.in_region}
-    cached = store.read_model(path, Validation, VALIDATION_VERSION)
+    cached = store.read_model(path, Validation, VALIDATION_VERSION) or _read_version_1(path)
     if cached is not None:  # the same NNs validated by an earlier run or study: only the labels are this run's
         return cached.model_copy(update=labels)
     candidates = {n: ctx.build(n, c.knobs) for n, c in config.nns.items()}
@@ -89,6 +90,18 @@ def validate_configuration(ctx: SearchContext, config: Configuration) -> Validat
     )
     store.write_model(path, validation, VALIDATION_VERSION)
     return validation
+
+
+def _read_version_1(path) -> Validation | None:
+    """A validation cached before version 2: its sums become means (closed-loop runs are too dear to repeat)."""
+    data = store.read_json(path, Validation.__name__, 1)
+    if not isinstance(data, dict) or not data.get("runs"):
+        return None
+    totals = data.pop("totals", {})
+    try:
+        return Validation.model_validate({**data, "metrics": {k: {"mean": v / data["runs"]} for k, v in totals.items()}})
+    except (ValueError, TypeError):
+        return None
 
 
 def fidelity_note(spec: AppSpec, validations: list[Validation]) -> str:

@@ -247,6 +247,7 @@ class SimConfig:
         unknown = sorted(set(params) - top)
         if unknown:
             raise CropFollowParamError(unknown[0], f"unknown parameter; valid ones: {', '.join(sorted(top | set(nested) | {'controller', 'controller_params'}))}")
+        _check_types(cls, params, "")
         return cls(**params, **kwargs)
 
 
@@ -267,4 +268,29 @@ def _build(kind: type, value: Any, where: str) -> Any:
     for name, v in value.items():
         if isinstance(v, list):
             value[name] = tuple(v)
+    _check_types(kind, value, f"{where}.")
     return kind(**value)
+
+
+def _check_types(kind: type, values: Mapping[str, Any], prefix: str) -> None:
+    """Each value has its field's type: a finite number for ``float``, an integer for ``int``, a pair for ranges.
+
+    The range checks in ``__post_init__`` compare numbers; a string there ('not-a-number')
+    would fail with a bare ``TypeError`` that names no parameter, and an infinite run
+    length would never end.
+    """
+    types = {f.name: f.type for f in dataclasses.fields(kind)}
+    for name, value in values.items():
+        expected = types[name]
+        param = "controller" if (kind is ControllerParams and name == "kind") else prefix + name
+        if expected == "float":
+            _require(_is_real(value), param, f"{value!r} is not a finite number")
+        elif expected == "int":
+            _require(isinstance(value, int) and not isinstance(value, bool), param, f"{value!r} is not an integer")
+        elif expected.startswith("tuple[float"):
+            _require(isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_real, value)), param,
+                     f"{value!r} is not a pair of finite numbers [min, max]")
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -46,28 +46,30 @@ def export(cache: Path, out: Path) -> None:
     """The cached candidates that CONFIGS names, as ONNX (int8: its QDQ graph), with their dataset L1 in index.json."""
     import shutil
 
-    import torch
-
-    from qaopt.app_spec import load
+    from qaopt import kernels
+    from qaopt.app_spec.store import read_json
     from qaopt.approx import Knobs, TargetNN, build
+    from qaopt.approx.cache import META_KIND, META_VERSION
+    from qaopt.spec import load_spec
 
-    spec = load(Path(__file__).resolve().parents[1] / "examples" / "cropfollow.yaml")
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "cropfollow.yaml")
     nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in spec.nns}
     out.mkdir(parents=True, exist_ok=True)
     index = {}
     for meta_file in sorted((cache / "approx" / "candidates").glob("*/candidate.json")):
-        meta = json.loads(meta_file.read_text())
+        meta = read_json(meta_file, META_KIND, META_VERSION)
+        if meta is None:  # an entry of an older qaopt: rebuilt by the next build of it
+            continue
         k = meta["knobs"]
         name = f'{meta["nn"]}-p{k["prune_ratio"]:.2f}-{k["dtype"]}-ft{k["finetune_steps"]}'
         if name in index or not any(name in pair for pair in CONFIGS.values()):
             continue
-        c = build(nns[meta["nn"]], Knobs(**k), cache_dir=cache)
+        c = build(nns[meta["nn"]], Knobs(**k), cache_dir=cache, onnx=kernels.onnx)
         path = out / f"{name}.onnx"
         if c.onnx_path is not None:
             shutil.copyfile(c.onnx_path, path)
         else:
-            torch.onnx.export(c.module.float().eval(), (torch.zeros(1, 3, 240, 320),), path, dynamo=False, opset_version=17,
-                              input_names=["input"], output_names=["output"], dynamic_axes={"input": {0: "b"}, "output": {0: "b"}})
+            kernels.export_onnx(c.module.float().eval(), [nns[meta["nn"]].example_input], path)
         index[name] = {"nn": meta["nn"], "knobs": k, "dataset_l1": meta["error"]}
     (out / "index.json").write_text(json.dumps(index, indent=1))
     print(f"exported {len(index)} candidates to {out}")
@@ -84,16 +86,12 @@ def _stats(seqs: list[np.ndarray]) -> dict[str, float]:
 
 def _run_config(job: tuple[str, Path, str, str, int, int]) -> dict:
     name, models, heading, distance, seeds, render_threads = job
-    import onnxruntime as ort
-
+    from qaopt.kernels.onnx import ort_session
     from qaopt.simulators.cropfollow import CropFollowEvaluator
     from qaopt.simulators.cropfollow.evaluator import FrameSource, run_batch
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
     files = {"heading": heading, "distance": distance}
-    sessions = {t: ort.InferenceSession(str(models / f"{f}.onnx"), options, providers=["CPUExecutionProvider"])
-                for t, f in files.items()}
+    sessions = {t: ort_session(models / f"{f}.onnx", threads=1) for t, f in files.items()}
     evaluator = CropFollowEvaluator(run_length_m=100.0, controller="mpc")
     seed_list = list(range(SEED_BASE, SEED_BASE + seeds))
     camera = FrameSource(evaluator.config, seed_list, render_threads)

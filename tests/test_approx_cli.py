@@ -85,3 +85,18 @@ def test_bad_input_is_one_line_naming_nn_and_knob(tmp_path, monkeypatch, args, p
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_a_model_typo_is_found_before_any_build_with_its_line(tmp_path, monkeypatch, capsys):
+    """The sweep imports every entry point of the spec first, like every command that reads one."""
+    spec = tmp_path / "app.yaml"
+    spec.write_text(textwrap.dedent(SPEC).replace("{PER_LAYER}", "{}")
+                    .replace("model: test_approx_build:trained_tiny_navnet", "model: test_approx_build:trained_tiny_navnte"))
+    monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    with pytest.raises(SystemExit) as exit_:
+        main(["approx", "sweep", str(spec), "--nn", "heading", "--values", "0", "--no-latency"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(r"app\.yaml:\d+:\d+: nns\.heading\.model: ", err), err
+    assert not (tmp_path / "cache" / "approx").exists(), "nothing is built before the spec is whole"

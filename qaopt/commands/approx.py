@@ -49,7 +49,7 @@ def sweep(
     threads: int | None = typer.Option(None, help="Threads for timing (default: the spec's target.threads, else 2)."),
 ) -> None:
     """Build (or load from the cache) one candidate per value and print error, MACs, parameters and latency."""
-    app_spec = load_spec(spec)
+    app_spec = load_spec(spec, check_entry_points=True)
     if nn not in app_spec.nns:
         raise QaoptError(f"--nn {nn}: the spec has no NN named {nn!r}; its NNs are {', '.join(app_spec.nns)}")
     from qaopt.approx import KnobSpace

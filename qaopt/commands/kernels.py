@@ -33,7 +33,7 @@ def bench(
     """Measure the spec's NNs (their reference architecture and weights) as the target would run them."""
     import torch
 
-    app_spec = load_spec(spec)
+    app_spec = load_spec(spec, check_entry_points=True)
     names = nn or list(app_spec.nns)
     unknown = [n for n in names if n not in app_spec.nns]
     if unknown:

@@ -6,7 +6,6 @@
 'l1'
 """
 
-import importlib
 from typing import TYPE_CHECKING
 
 # The light part is imported now: errors and hashes, which the field log on a robot uses
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 # `import qaopt.app_spec.errors` never pulls in the YAML loader.
 from .errors import Problem, QaoptError, SpecError
 from .hashing import content_hash, file_hash
+from .lazy import lazy_exports
 
 _LAZY = {
     "EntryPointError": ".entrypoints",
@@ -34,12 +34,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .schema import AppSpec, Axis, CalibrationSpec, NNSpec, PassSections, QoSSpec, TargetSpec
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

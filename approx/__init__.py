@@ -19,8 +19,7 @@ Names are loaded on first use, so reading a spec's knob space never imports torc
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from qaopt.app_spec.lazy import lazy_exports
 
 _EXPORTS = {
     "ApproxError": ".errors",
@@ -55,13 +54,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

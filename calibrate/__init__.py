@@ -17,7 +17,7 @@ protocols of :mod:`qaopt.calibrate.protocols` does not pay for scipy and scikit-
 
 from __future__ import annotations
 
-import importlib
+from qaopt.app_spec.lazy import lazy_exports
 
 _EXPORTS = {
     "acceptance": ("AcceptanceTest", "QoSGoal", "Verdict"),
@@ -29,18 +29,9 @@ _EXPORTS = {
     "space": ("Axis", "ErrorSpace"),
     "strategies": ("STRATEGIES", "Strategy", "make_strategy"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_MODULE_OF = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
 
 __all__ = sorted(_MODULE_OF)
 
 
-def __getattr__(name: str):
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF)

@@ -13,23 +13,15 @@ Importing :mod:`qaopt` is light on purpose: the field-logging API runs on a robo
 small computer without torch or TVM, so heavy modules are imported where used.
 """
 
-__version__ = "0.1.0"
+from qaopt.app_spec.lazy import lazy_exports
 
+__version__ = "0.1.0"
 __all__ = ["check_application", "load_artifacts", "optimize"]
 
 
-def __getattr__(name: str):
-    """``qaopt.check_application`` (:func:`qaopt.application.check_application`) and ``qaopt.load_artifacts``
-    (:func:`qaopt.stages.export.load_artifacts`), imported on first use."""
-    if name == "check_application":
-        from qaopt.application import check_application
-
-        return check_application
-    if name == "load_artifacts":
-        from qaopt.stages.export import load_artifacts
-
-        return load_artifacts
-    raise AttributeError(f"module 'qaopt' has no attribute {name!r}")
+# qaopt.check_application and qaopt.load_artifacts, imported on first use.
+__getattr__, __dir__ = lazy_exports(__name__, {"check_application": "qaopt.application",
+                                               "load_artifacts": "qaopt.stages.export"})
 
 
 def optimize(spec, **overrides):

@@ -167,6 +167,7 @@ def export(
     application: Optional[str] = typer.Option(None, "--app", help="Only this application's runs."),
 ) -> None:
     """Export runs (excluded ones too, with their exclusion); JSON exports import back unchanged."""
+    from qaopt.app_spec import store as store_files
     from qaopt.field.transfer import write_records
 
     with open_store(store, spec) as st:
@@ -174,10 +175,9 @@ def export(
     if output is None:
         write_records(records, sys.stdout, fmt)
         return
-    tmp = output.with_name(output.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
+    # Never leave a half-written export under the real name.
+    with store_files.atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
         write_records(records, f, fmt)
-    tmp.replace(output)  # never leave a half-written export under the real name
     typer.echo(f"{len(records)} run(s) written to {output}", err=True)
 
 

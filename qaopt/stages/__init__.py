@@ -1,19 +1,9 @@
 """The stages of ``qaopt optimize``, each with one owner, typed inputs and outputs, and a stated artifact.
 
-=============  =============================  ==========================================  =================================
-stage          module                         artifact (under the run or cache folder)     key (recomputed when it changes)
-=============  =============================  ==========================================  =================================
-reference      :mod:`.reference`              the reference candidates (approx cache)      NN weights, data, knobs, recipe
-region         :mod:`.region`                 ``region.json``, ``region.png``              simulator, QoS, space, error
-                                                                                           models, field evidence; reused
-                                                                                           when its budget is >= the run's
-studies        :mod:`qaopt.search`            the Optuna storage (``study.db``)            app, spec hash, mode
-validation     :mod:`.validation`             ``cache/optimize/validation/<key>.json``,    candidates, runs, simulator, QoS,
-                                              ``closed_loop.json``                         seeds
-export         :mod:`.export`                 ``artifacts/<nn>/``                          the chosen configuration
-report         :mod:`qaopt.report`            ``result.json``, ``report.md``,              the result
-                                              ``pareto.png``
-=============  =============================  ==========================================  =================================
+Region (:mod:`.region`), reference (``SearchContext.reference``), studies
+(:mod:`qaopt.search`), validation (:mod:`.validation`), export (:mod:`.export`) and
+report (:mod:`qaopt.report`); ``docs/architecture.md`` tables each one's artifact and
+the key it is recomputed under.
 
 Every artifact is written through :mod:`qaopt.app_spec.store` (atomic, versioned), so
 a run killed at any point resumes: a stage whose artifact exists under its key is

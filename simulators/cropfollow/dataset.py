@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from qaopt.app_spec.hashing import content_hash
-from qaopt.app_spec.store import cache_root
+from qaopt.app_spec.store import atomic_path, cache_root
 
 from .config import NN_NAMES, SimConfig, check_nn
 from .errors import CropFollowParamError
@@ -238,6 +237,5 @@ def _sim_params(config: dict[str, Any]) -> dict[str, Any]:
 
 def _save(path: Path, array: np.ndarray) -> None:
     """Write atomically, so a killed run never leaves a half shard that looks finished."""
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from qaopt.app_spec import store
 from qaopt.app_spec.hashing import content_hash
 
 from .dataset import ReferenceDataset, dataset_recipe, reference_dataset
@@ -148,12 +149,10 @@ def train(
 
 def save(model: NavNet, recipe: Recipe, report: Report, path: Path) -> None:
     """Weights as ``<path>.pt`` and recipe + report as ``<path>.json`` (written last: it marks completion)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(model.state_dict(), tmp)
-    tmp.replace(path.with_suffix(".pt"))
+    with store.atomic_path(path.with_suffix(".pt")) as tmp:
+        torch.save(model.state_dict(), tmp)
     meta = {"key": recipe.key(), "recipe": asdict(recipe), "report": asdict(report), "torch": torch.__version__}
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    store.write_text(path.with_suffix(".json"), json.dumps(meta, indent=1) + "\n")
 
 
 def load(path: Path, recipe: Recipe) -> NavNet:

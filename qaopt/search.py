@@ -301,7 +301,7 @@ def interruption(exc: BaseException) -> str:
     """The failure reason an interrupted trial carries.
 
     Ctrl-C arrives as a ``KeyboardInterrupt``, or under the CLI as its own ``BaseException``
-    (:class:`qaopt.cli.Interrupted`); only ``SystemExit`` and ``GeneratorExit`` are something else.
+    (:class:`qaopt.commands.runner.Interrupted`); only ``SystemExit`` and ``GeneratorExit`` are something else.
     """
     cause = f"({type(exc).__name__})" if isinstance(exc, (SystemExit, GeneratorExit)) else "by Ctrl-C"
     return f"{INTERRUPTED} {cause}; re-run on resume"

@@ -25,7 +25,7 @@ from rich.console import Console
 
 import qaopt.stages.region as region_stage
 from qaopt import optimize
-from qaopt.cli import INTERRUPTED
+from qaopt.commands.runner import INTERRUPTED
 from qaopt.search import ATTR_FAILURE
 
 APPS = Path(__file__).resolve().parent / "apps"

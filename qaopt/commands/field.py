@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qaopt.app_spec.errors import QaoptError
+from qaopt.commands import runner
 from qaopt.field import FieldError, Run, Store
 from qaopt.field.records import COLLISION, INTERVENTION
 
@@ -352,13 +352,6 @@ def main(argv: list[str] | None = None) -> None:
     """``qaopt-field``: the field commands alone, for the robot's light install.
 
     As ``qaopt`` does, bad input prints ``error: ...`` lines and exits 2 (a traceback
-    only with ``QAOPT_DEBUG=1``).
+    only with ``QAOPT_DEBUG=1``), and Ctrl-C ends with one line and status 130.
     """
-    try:
-        app(args=argv, prog_name="qaopt-field")
-    except QaoptError as exc:
-        if os.environ.get("QAOPT_DEBUG"):
-            raise
-        for line in str(exc).splitlines() or [type(exc).__name__]:
-            typer.echo(f"error: {line}", err=True)
-        sys.exit(2)
+    runner.run(app, argv, "qaopt-field", debug=lambda: bool(os.environ.get("QAOPT_DEBUG")))

@@ -259,8 +259,16 @@ class Axis(Section):
 
 
 class CalibrationSpec(Section):
-    strategy: Literal["bisect", "monotone", "active"] = "monotone"
+    strategy: Literal["boundary", "bisect", "monotone", "active"] = Field("boundary", description=(
+        "how the next point (and, for boundary, its number of runs) is chosen"))
+    certifier: Literal["pooled", "per-point"] = Field("pooled", description=(
+        "pooled: one monotone model of P(fail) over every run certifies the region; "
+        "per-point: only points dominated by a point its own runs accepted (ApproxCaliper's rule)"))
     budget: Count(100_000, "evaluations", "a region search that long would run for weeks") = 20
+    runs: Count(10_000_000, "simulator runs", "a region search that long would run for weeks") | None = Field(
+        None, description="at most this many simulator runs in all (default: no limit beyond the budget)")
+    seed: int = Field(0, ge=0, lt=2**32, description=(
+        "seeds the calibration's runs: each point draws its own seeds from it; 0 <= seed < 2**32"))
     error_model: Literal["gaussian", "ar1", "empirical"] = "gaussian"
     space: list[Axis] = Field(min_length=1, max_length=32)
 

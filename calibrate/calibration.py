@@ -2,9 +2,12 @@
 
 :class:`Calibration` binds an application (a :class:`QoSEvaluator`), the error
 space, an error model per NN, the QoS goal and the acceptance test. It evaluates
-one point (a sequential test over cached seed blocks) and runs a region search
-strategy within a budget of evaluations (a point's runs count as one), folding
-in any external evidence first.
+one point (a sequential test over cached seed blocks, or as many blocks as the
+strategy asks for) and runs a region search strategy within a budget of
+evaluations (a point's runs count as one) and, optionally, of simulator runs,
+folding in any external evidence first. The reference point (every axis at its
+minimum: the least error the space holds) is always evaluated first; if it fails,
+nothing can be valid and the search stops there, saying so.
 
 An evaluator that raises, or returns something that is not one finite QoS
 value per seed, fails only that point: the failure is recorded with its message
@@ -17,14 +20,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from qaopt.calibrate.acceptance import AcceptanceTest, QoSGoal, Verdict
 from qaopt.calibrate.error_models import ErrorModel
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector, QoSEvaluator, is_qos_value, records_problem
-from qaopt.calibrate.region import ErrorRegion, Evidence, Observation
+from qaopt.calibrate.region import CERTIFIERS, ErrorRegion, Evidence, Observation
 from qaopt.calibrate.space import ErrorSpace
 from qaopt.calibrate.strategies import Strategy, make_strategy
-from qaopt.calibrate.trials import TrialCache, block_seeds
+from qaopt.calibrate.trials import TrialCache, block_seeds, point_seed_start
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,11 @@ class BadEvaluation(Exception):
 class Calibration:
     """Evaluates error points of one application and searches its error region.
 
-    Every point is run with the same seeds (common random numbers), so two points
-    differ only in the errors injected, which makes neighbouring verdicts consistent.
+    Every point draws its own seeds from ``seed`` and the point
+    (:func:`~qaopt.calibrate.trials.point_seed_start`): verdicts at different points are
+    independent evidence, and a set of unusually easy seeds cannot make the whole
+    region look easy. ``certifier`` is how the region certifies points (see
+    :class:`~qaopt.calibrate.region.ErrorRegion`).
     """
 
     def __init__(
@@ -59,7 +67,8 @@ class Calibration:
         acceptance: AcceptanceTest,
         cache_dir: str | Path,
         app_key: str,
-        seed_base: int = 0,
+        seed: int = 0,
+        certifier: str = "pooled",
     ):
         space.check_nns(tuple(evaluator.nn_names))
         for a in space.axes:
@@ -71,8 +80,10 @@ class Calibration:
                     f"{models[a.nn].config()['model']} error model of NN '{a.nn}' does not provide"
                 )
         self.evaluator, self.space, self.models = evaluator, space, dict(models)
+        if certifier not in CERTIFIERS:
+            raise CalibrationError(f"calibration.certifier: '{certifier}' is unknown; use one of {', '.join(CERTIFIERS)}")
         self.goal, self.acceptance, self.app_key = goal, acceptance, app_key
-        self.seed_base = seed_base  # seeds of block b: seed_base + b*block ... (same at every point)
+        self.seed, self.certifier = seed, certifier
         self.cache = TrialCache(cache_dir)
 
     # -- one point ------------------------------------------------------------------
@@ -105,31 +116,46 @@ class Calibration:
             self.cache.put(key, records)
         return [self.goal.passes(r[self.goal.metric]) for r in records]
 
-    def evaluate(self, errors: Mapping[str, float],
-                 on_block: Callable[[int], None] | None = None) -> Observation:
-        """The sequential test at one point: blocks until the verdict is decided or runs run out."""
+    def evaluate(self, errors: Mapping[str, float], on_block: Callable[[int], None] | None = None,
+                 more: Callable[[int, int], bool] | None = None, max_runs: int | None = None) -> Observation:
+        """Runs at one point, a seed block at a time, and their verdict.
+
+        Without ``more`` the acceptance test decides when to stop (its sequential
+        verdict); with it, ``more(passes, failures)`` is asked after every block and the
+        verdict is the test's fixed-sample one. ``max_runs`` caps the runs (a run budget).
+        """
         errors = dict(errors)
+        start = point_seed_start(self.seed, self.injection(errors))
+        cap = self.acceptance.looks[-1] if more is None else self.acceptance.max_trials
+        if max_runs is not None:
+            cap = min(cap, max_runs)
         passes = failures = 0
         verdict = Verdict.UNDECIDED
         try:
-            for block in range(self.acceptance.looks[-1] // self.acceptance.block):
-                outcome = self.run_seeds(errors, block_seeds(block, self.acceptance.block, self.seed_base))
+            for block in range(cap // self.acceptance.block):
+                outcome = self.run_seeds(errors, block_seeds(start, block, self.acceptance.block))
                 passes += sum(outcome)
                 failures += len(outcome) - sum(outcome)
                 if on_block:
                     on_block(passes + failures)
-                if passes + failures in self.acceptance.looks:
+                if more is not None:
+                    if not more(passes, failures):
+                        break
+                elif passes + failures in self.acceptance.looks:
                     verdict = self.acceptance.decide(failures, passes + failures)
                     if verdict is not Verdict.UNDECIDED:
                         break
         except BadEvaluation as e:
             return Observation(errors, passes, failures, Verdict.FAILED, message=str(e))
+        if more is not None:
+            verdict = self.acceptance.decide_fixed(failures, passes + failures)
         return Observation(errors, passes, failures, verdict)
 
-    def evaluate_fixed(self, errors: Mapping[str, float], trials: int, first_seed: int = 0) -> Observation:
+    def evaluate_fixed(self, errors: Mapping[str, float], trials: int, first_seed: int) -> Observation:
         """``trials`` runs in one call (seeds ``first_seed, ...``), verdict by one fixed test.
 
-        For ground truth: give it seeds the searches never use.
+        For ground truth: give it seeds below :data:`~qaopt.calibrate.trials.CALIBRATION_SEED_FLOOR`,
+        which no search uses.
         """
         errors = dict(errors)
         try:
@@ -142,47 +168,69 @@ class Calibration:
     # -- the search -----------------------------------------------------------------
     def search(
         self,
-        strategy: str | Strategy = "monotone",
+        strategy: str | Strategy = "boundary",
         budget: int = 20,
         evidence: Sequence[Evidence] = (),
         seed: int = 0,
         progress: Callable[[Progress], None] | None = None,
+        runs: int | None = None,
     ) -> ErrorRegion:
-        """Spend up to ``budget`` evaluations to chart the region; points monotonicity decides are free."""
+        """Spend up to ``budget`` evaluations (and ``runs`` simulator runs, when given) to chart the region.
+
+        The reference point comes first and counts as one evaluation. Points whose label
+        monotonicity already implies are free for strategies that judge points one at a time.
+        """
         if not isinstance(budget, int) or budget < 1:
             raise CalibrationError(f"calibration.budget: {budget!r} evaluations; give at least 1")
+        if runs is not None and runs < self.acceptance.min_trials:
+            raise CalibrationError(
+                f"calibration.runs: {runs} simulator runs cannot judge even the reference point, which needs "
+                f"at least qos.acceptance.min_trials = {self.acceptance.min_trials}; raise calibration.runs "
+                "or leave it out")
         name = strategy if isinstance(strategy, str) else type(strategy).__name__
-        strat = make_strategy(strategy, self.space.dim, seed) if isinstance(strategy, str) else strategy
+        strat = (make_strategy(strategy, self.space.dim, seed, self.acceptance) if isinstance(strategy, str)
+                 else strategy)
+        more = getattr(strat, "more", None)
         region = ErrorRegion(
             self.space, self.acceptance,
             metrics={nn: m.config()["metric"] for nn, m in self.models.items() if nn in self.space.nns},
-            info={"strategy": name, "budget": budget, "goal": self.goal.to_json(), "app_key": self.app_key,
+            info={"strategy": name, "budget": budget, "runs_budget": runs, "seed": self.seed,
+                  "goal": self.goal.to_json(), "app_key": self.app_key,
                   "error_models": {nn: self.models[nn].config() for nn in self.space.nns}},
+            certifier=self.certifier,
         )
         region.add_evidence(list(evidence))
         for p in region.labelled():
             strat.tell(p.unit, p.valid)
         spent = total = free = 0
-        while spent < budget:
-            x = strat.ask()
+        seen: set[tuple] = set()
+        reference = np.zeros(self.space.dim)
+        while spent < budget and (runs is None or total < runs):
+            x = reference if spent == 0 else strat.ask()
             if x is None:
                 break
+            key = tuple(np.round(x, 9))
             implied = region.dominance().implied(x)
-            if implied is not None and free < 100_000:
+            if spent > 0 and (key in seen or (more is None and implied is not None)) and free < 100_000:
                 free += 1
                 strat.tell(x, implied)
                 continue
+            seen.add(key)
             errors = self.space.from_unit(x)
 
             def on_block(n: int, _e=errors, _i=spent + 1) -> None:
                 if progress:
                     progress(Progress(_i, budget, _e, n, total + n))
 
-            ob = self.evaluate(errors, on_block)
+            point_more = None if more is None or spent == 0 else (lambda p, f, _x=x: more(_x, p, f))
+            ob = self.evaluate(errors, on_block, point_more, None if runs is None else runs - total)
             spent += 1
             total += ob.trials
             region.add(ob)
-            strat.tell(x, None if ob.verdict is Verdict.FAILED else ob.verdict is Verdict.VALID)
+            strat.tell(x, None if ob.verdict is Verdict.FAILED else ob.verdict is Verdict.VALID,
+                       ob.passes, ob.failures)
             if progress:
                 progress(Progress(spent, budget, errors, ob.trials, total, ob))
+            if spent == 1 and ob.verdict is Verdict.INVALID:
+                break  # nothing with more error than the reference can be valid
         return region

@@ -3,10 +3,14 @@
 An :class:`ErrorRegion` holds every observation (a point, its runs, its verdict,
 its source) and answers ``contains(errors)`` in two modes:
 
-- ``certified``: the point is dominated by a point accepted by the statistical
-  test (and dominates no rejected one). Safe by construction, and conservative.
-- ``predicted``: the monotone classifier's P(valid) is at least ``threshold``.
-  Less conservative; it extrapolates between the evaluated points.
+- ``certified``: safe at the spec's confidence. How depends on the region's
+  ``certifier``: ``pooled`` (the default) judges the region with one monotone
+  statistical model of the failure probability fitted to every run at every point
+  (:class:`~qaopt.calibrate.pooled.PooledCertifier`), so evidence near the boundary is
+  shared and a point failing 2 % of the time can be certified where its own 96 runs
+  never could; ``per-point`` certifies what is dominated by a point its own runs
+  accepted (and dominates no rejected one), ApproxCaliper's rule.
+- ``predicted``: the model's P(valid) is at least ``threshold``. Less conservative.
 
 ``margin`` (a fraction of each axis' range) asks for the point *plus* that
 margin to be inside, leaving headroom for an NN's error measured on finite data.
@@ -34,10 +38,13 @@ from qaopt.calibrate.acceptance import AcceptanceTest, Verdict
 from qaopt.calibrate.classifier import MonotoneProbability
 from qaopt.calibrate.dominance import Dominance
 from qaopt.calibrate.errors import CalibrationError
+from qaopt.calibrate.pooled import PooledCertifier
 from qaopt.calibrate.space import ErrorSpace
 
 SIMULATOR = "simulator"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the certifier is stored; a format-1 file (no certifier) is read as per-point
+POOLED, PER_POINT = "pooled", "per-point"
+CERTIFIERS = (POOLED, PER_POINT)
 
 
 @dataclass(frozen=True)
@@ -110,13 +117,17 @@ class ErrorRegion:
         observations: Sequence[Observation] = (),
         metrics: Mapping[str, str] | None = None,
         info: Mapping | None = None,
+        certifier: str = POOLED,
     ):
+        if certifier not in CERTIFIERS:
+            raise CalibrationError(f"region certifier '{certifier}' is unknown; use one of {', '.join(CERTIFIERS)}")
         self.space = space
         self.acceptance = acceptance
         self.observations: list[Observation] = list(observations)
         self.metrics = dict(metrics or {nn: "l1" for nn in space.nns})
         self.info = dict(info or {})
-        self._model: MonotoneProbability | None = None
+        self.certifier = certifier
+        self._model: MonotoneProbability | PooledCertifier | None = None
         self._labelled: list[LabelledPoint] | None = None
 
     # -- building -------------------------------------------------------------------
@@ -183,10 +194,31 @@ class ErrorRegion:
     def dominance(self) -> Dominance:
         return Dominance.from_labels(*self._xy())
 
+    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every distinct point (unit cube) with all its runs pooled: simulator and field, failed evaluations left out."""
+        pooled: dict[tuple, list] = {}
+        for ob in self.observations:
+            if ob.verdict is Verdict.FAILED or ob.trials == 0:
+                continue
+            u = self.space.to_unit(ob.errors)
+            entry = pooled.setdefault(tuple(np.round(u, 9)), [u, 0, 0])
+            entry[1] += ob.trials
+            entry[2] += ob.failures
+        rows = list(pooled.values())
+        X = np.array([r[0] for r in rows]).reshape(-1, self.space.dim)
+        return X, np.array([r[1] for r in rows], dtype=float), np.array([r[2] for r in rows], dtype=float)
+
     @property
-    def model(self) -> MonotoneProbability:
+    def model(self) -> MonotoneProbability | PooledCertifier:
+        """P(valid) over the space (``predict_proba`` on unit-cube rows): the pooled model, or the classifier."""
         if self._model is None:
-            self._model = MonotoneProbability().fit(*self._xy())
+            if self.certifier == POOLED:
+                X, n, k = self.runs()
+                if not len(X):
+                    raise CalibrationError("the region has no runs yet; it cannot judge any point")
+                self._model = PooledCertifier(X, n, k, self.acceptance.max_failure_rate, self.acceptance.confidence)
+            else:
+                self._model = MonotoneProbability().fit(*self._xy())
         return self._model
 
     # -- queries --------------------------------------------------------------------
@@ -202,6 +234,8 @@ class ErrorRegion:
     def contains_unit(self, U: np.ndarray, mode: str = "certified", threshold: float = 0.5) -> np.ndarray:
         """Vectorized :meth:`contains` over unit-cube points (rows)."""
         if mode == "certified":
+            if self.certifier == POOLED:
+                return self.model.certified(U)
             return self.dominance().labels(U) > 0
         if mode == "predicted":
             return self.model.predict_proba(U) >= threshold
@@ -220,6 +254,26 @@ class ErrorRegion:
             out[a.name] = error_coordinate(a.component, self.metrics.get(a.nn, "l1"), residuals[a.nn])
         return out
 
+    def empty_reason(self) -> str | None:
+        """Why nothing is certified, naming the points tried; ``None`` when something is."""
+        grid = np.vstack([np.zeros(self.space.dim), self.runs()[0]])
+        if self.contains_unit(grid).any():
+            return None
+        sim = [o for o in self.observations if o.source == SIMULATOR]
+        origin = self.space.from_unit(np.zeros(self.space.dim))
+        first = next((o for o in sim if np.allclose(self.space.to_unit(o.errors), 0.0)), None)
+        where = ", ".join(f"{k}={v:g}" for k, v in origin.items())
+        if first is not None and first.verdict is Verdict.INVALID:
+            return (f"the reference point ({where}, every axis at its minimum) fails the QoS goal: "
+                    f"{first.failures} of {first.trials} runs failed, so no point with more error can be valid; "
+                    "lower the axes' min, loosen qos, or improve the application")
+        tried = "; ".join(f"({', '.join(f'{k}={v:.3g}' for k, v in o.errors.items())}): "
+                          f"{o.failures}/{o.trials} failed" for o in sim[:12])
+        more = f" and {len(sim) - 12} more" if len(sim) > 12 else ""
+        return (f"no point is certified valid after {len(sim)} evaluations ({tried}{more}); the reference point "
+                f"({where}) was {'not decided' if first is not None else 'not evaluated'}. Narrow the axes "
+                "(calibration.space.*.max) so that more evaluations fall near the boundary, or raise the budget")
+
     @property
     def evaluations(self) -> int:
         return sum(o.source == SIMULATOR for o in self.observations)
@@ -236,6 +290,7 @@ class ErrorRegion:
             "metrics": self.metrics,
             "acceptance": self.acceptance.to_json(),
             "info": self.info,
+            "certifier": self.certifier,
             "observations": [o.to_json() for o in self.observations],
         }
 
@@ -245,14 +300,15 @@ class ErrorRegion:
 
     @classmethod
     def from_json(cls, data: Mapping) -> ErrorRegion:
-        if data.get("format") != FORMAT_VERSION:
-            raise CalibrationError(f"region file has format {data.get('format')!r}; this qaopt reads {FORMAT_VERSION}")
+        if data.get("format") not in (1, FORMAT_VERSION):
+            raise CalibrationError(f"region file has format {data.get('format')!r}; this qaopt reads 1 and {FORMAT_VERSION}")
         return cls(
             ErrorSpace.from_json(data["axes"]),
             AcceptanceTest(**data["acceptance"]),
             [Observation.from_json(o) for o in data["observations"]],
             data.get("metrics"),
             data.get("info"),
+            data.get("certifier", PER_POINT),
         )
 
     @classmethod
@@ -269,9 +325,13 @@ class ErrorRegion:
         except (KeyError, TypeError, ValueError) as e:
             raise CalibrationError(f"{path}: malformed region ({type(e).__name__}: {e}); run `qaopt calibrate` again") from e
 
-    def plot(self, path: str | Path, x: str | None = None, y: str | None = None,
-             fixed: Mapping[str, float] | None = None, resolution: int = 200) -> Path:
-        """Write a PNG of a 2-D slice (see :func:`qaopt.calibrate.plot.plot_region`)."""
+    def plot(self, path: str | Path, axes: Sequence[str] | None = None, fixed: Mapping[str, float] | None = None,
+             resolution: int = 200, reference: Mapping[str, float] | None = None,
+             chosen: Mapping[str, float] | None = None) -> Path:
+        """Write a PNG of every pair of ``axes``, other axes held at ``fixed`` (see :func:`qaopt.calibrate.plot.plot_region`).
+
+        matplotlib is imported here, on first use: a region that is only queried never pays for it.
+        """
         from qaopt.calibrate.plot import plot_region
 
-        return plot_region(self, path, x, y, fixed, resolution)
+        return plot_region(self, path, axes, fixed, resolution, reference, chosen)

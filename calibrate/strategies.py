@@ -2,10 +2,16 @@
 
 A strategy works in the unit cube and speaks ask/tell (as Optuna's samplers do):
 ``ask()`` proposes a point (``None`` when nothing is left worth evaluating) and
-``tell(x, valid)`` reports its outcome (``None`` when the evaluation failed). The
-driver answers points whose label monotonicity already implies without spending
-budget, and tells evidence (field runs, a resumed run) before the first ask, so a
+``tell(x, valid, passes, failures)`` reports its outcome (``valid`` is ``None`` when
+the evaluation failed) with the runs behind it. The driver evaluates the reference
+point (the origin of the cube) before the first ask, tells evidence (field runs, a
+resumed run) too, and, for strategies that judge points one at a time, answers
+points whose label monotonicity already implies without spending budget, so a
 strategy never has to know where a label came from.
+
+A strategy that also has ``more(x, passes, failures)`` decides how many runs each
+point gets (it is asked after every seed block); the others get the acceptance
+test's sequential verdict per point.
 
 - ``bisect``: ApproxCaliper's baseline. Binary search along the diagonal of the
   largest unresolved box for the boundary, then split the box at the boundary
@@ -19,6 +25,10 @@ strategy never has to know where a label came from.
   unresolved points that the classifier is unsure of and that would resolve much
   volume whatever the answer; its region is the classifier's, not only the
   certified staircase.
+- ``boundary``: for the pooled region (:mod:`qaopt.calibrate.pooled`). It fits the
+  pooled model to every run so far, asks the point whose validity the model is
+  least sure of, and keeps adding seed blocks there only while the model stays
+  unsure of it: a few runs where the verdict is clear, many on the boundary.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from qaopt.calibrate.errors import CalibrationError
 class Strategy(Protocol):
     def ask(self) -> np.ndarray | None: ...
 
-    def tell(self, x: np.ndarray, valid: bool | None) -> None: ...
+    def tell(self, x: np.ndarray, valid: bool | None, passes: int = 0, failures: int = 0) -> None: ...
 
 
 class _Told:
@@ -51,7 +61,7 @@ class _Told:
         self.y: list[bool] = []
         self.failed: list[np.ndarray] = []
 
-    def tell(self, x: np.ndarray, valid: bool | None) -> None:
+    def tell(self, x: np.ndarray, valid: bool | None, passes: int = 0, failures: int = 0) -> None:
         x = np.asarray(x, dtype=float)
         if valid is None:
             self.failed.append(x)
@@ -114,7 +124,7 @@ class BisectSearch(_Told):
             self._pending = None
             return None
 
-    def tell(self, x: np.ndarray, valid: bool | None) -> None:
+    def tell(self, x: np.ndarray, valid: bool | None, passes: int = 0, failures: int = 0) -> None:
         super().tell(x, valid)
         if self._pending is not None and np.allclose(x, self._pending):
             try:
@@ -186,15 +196,75 @@ class ActiveSearch(MonotoneSearch):
         return C[int(np.argmax(p * (1 - p) * np.minimum(below, above)))]
 
 
-STRATEGIES = {"bisect": BisectSearch, "monotone": MonotoneSearch, "active": ActiveSearch}
+class BoundarySearch:
+    """Active choice of points *and* of runs per point, driven by the pooled model.
+
+    ``ask`` fits :class:`~qaopt.calibrate.pooled.PooledCertifier` to every run told so
+    far and returns the Sobol candidate whose posterior P(valid) is closest to 1/2
+    (the model is least sure of it), away from points already evaluated; ``more``
+    keeps a point running, a block at a time, while the model's P(valid) there stays
+    between ``1 - confidence`` and ``confidence`` and the point has fewer than
+    ``max_runs`` runs.
+    """
+
+    def __init__(self, dim: int, max_failure_rate: float, confidence: float, max_runs: int,
+                 n_candidates: int = 1024, seed: int = 0, spacing: float = 0.02):
+        self.dim, self.max_failure_rate, self.confidence, self.max_runs = dim, max_failure_rate, confidence, max_runs
+        self.candidates = qmc.Sobol(dim, scramble=True, seed=seed).random(n_candidates)
+        self.spacing = spacing
+        self.points: dict[tuple, list] = {}  # rounded point -> [x, passes, failures]
+
+    def _model(self, extra: tuple[np.ndarray, int, int] | None = None):
+        from qaopt.calibrate.pooled import PooledCertifier
+
+        rows = [list(v) for v in self.points.values() if v[1] + v[2] > 0]
+        if extra is not None:
+            rows.append(list(extra))
+        X = np.array([r[0] for r in rows]).reshape(-1, self.dim)
+        n = np.array([r[1] + r[2] for r in rows])
+        k = np.array([r[2] for r in rows])
+        return PooledCertifier(X, n, k, self.max_failure_rate, self.confidence)
+
+    def ask(self) -> np.ndarray | None:
+        if not any(v[1] + v[2] for v in self.points.values()):
+            return np.zeros(self.dim)
+        p = self._model().predict_proba(self.candidates)
+        score = p * (1 - p)
+        if self.points:
+            X = np.array([v[0] for v in self.points.values()])
+            near = (np.abs(self.candidates[:, None, :] - X[None]).max(2) < self.spacing).any(1)
+            score = np.where(near, -1.0, score)
+        best = int(np.argmax(score))
+        return None if score[best] <= 0 else self.candidates[best]
+
+    def more(self, x: np.ndarray, passes: int, failures: int) -> bool:
+        """Whether point ``x``, with these runs so far, deserves another block."""
+        if passes + failures >= self.max_runs:
+            return False
+        known = self.points.get(tuple(np.round(x, 9)))
+        if known is not None:
+            passes, failures = passes + known[1], failures + known[2]
+        p = float(self._model((np.asarray(x, dtype=float), passes, failures)).predict_proba(x[None])[0])
+        return 1 - self.confidence < p < self.confidence
+
+    def tell(self, x: np.ndarray, valid: bool | None, passes: int = 0, failures: int = 0) -> None:
+        x = np.asarray(x, dtype=float)
+        entry = self.points.setdefault(tuple(np.round(x, 9)), [x, 0, 0])
+        entry[1] += passes
+        entry[2] += failures
 
 
-def make_strategy(name: str, dim: int, seed: int = 0) -> Strategy:
-    """A strategy by its spec/CLI name."""
+STRATEGIES = {"bisect": BisectSearch, "monotone": MonotoneSearch, "active": ActiveSearch, "boundary": BoundarySearch}
+
+
+def make_strategy(name: str, dim: int, seed: int = 0, acceptance=None) -> Strategy:
+    """A strategy by its spec/CLI name (``boundary`` needs the acceptance test it allocates runs for)."""
     if name not in STRATEGIES:
         raise CalibrationError(
             f"calibration.strategy: '{name}' is unknown; use one of {', '.join(STRATEGIES)}"
         )
     if name == "bisect":
         return BisectSearch(dim)
+    if name == "boundary":
+        return BoundarySearch(dim, acceptance.max_failure_rate, acceptance.confidence, acceptance.max_trials, seed=seed)
     return STRATEGIES[name](dim, seed=seed)

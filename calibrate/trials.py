@@ -1,11 +1,20 @@
 """Seed blocks: the unit of evaluation and of caching.
 
-A point is evaluated in blocks of consecutive seeds (0..7, 8..15, ...) that the
-simulator runs in lock-step. Each block's raw metrics are stored on disk under
-the hash of everything that determines them: the application (``app_key``), the
-error injected into each NN (model and setting) and the seeds. A killed
-calibration replays its cached blocks for free and resumes where it stopped;
-another strategy, budget or QoS threshold reuses the same runs.
+Each evaluated point draws its own seeds: a stream of consecutive seeds that starts at
+a number derived from the calibration's seed and the point (:func:`point_seed_start`),
+taken in blocks that the simulator runs in lock-step. No two points share seeds, so a
+run of easy (or hard) seeds cannot make every point look easy (or hard) at once, and
+neighbouring verdicts are independent evidence that a pooled model may combine.
+
+Calibration seeds live at and above :data:`CALIBRATION_SEED_FLOOR`, far above the
+seeds applications use for training data, validation drives and closed-loop
+validation (all below 10**8), so a calibration run never replays one of those.
+
+Each block's raw metrics are stored on disk under the hash of everything that
+determines them: the application (``app_key``), the error injected into each NN
+(model and setting) and the seeds. A killed calibration replays its cached blocks
+for free and resumes where it stopped; another strategy, budget or QoS threshold
+reuses the same runs.
 """
 
 from __future__ import annotations
@@ -17,9 +26,28 @@ from pathlib import Path
 from qaopt.app_spec import store
 from qaopt.app_spec.hashing import content_hash
 
+CALIBRATION_SEED_FLOOR = 2**33
+"""The lowest seed a calibration uses; everything below is left to applications and to validation."""
 
-def block_seeds(block: int, size: int, base: int = 0) -> list[int]:
-    return list(range(base + block * size, base + (block + 1) * size))
+STREAM_LENGTH = 2**16
+"""Seeds reserved for one point: no point is ever run that many times."""
+
+
+def point_seed_start(seed: int, injection: Mapping) -> int:
+    """The first seed of a point's stream, from the calibration's ``seed`` and what is injected there.
+
+    Deterministic (a re-run, or another strategy visiting the same point, gets the same
+    seeds and therefore the cached runs) and different for every point and every ``seed``.
+    """
+    slot = int(content_hash(seed, injection, length=10), 16)  # 40 bits
+    return CALIBRATION_SEED_FLOOR + slot * STREAM_LENGTH
+
+
+def block_seeds(start: int, block: int, size: int) -> list[int]:
+    """Seeds of the ``block``-th block of ``size`` runs of a stream starting at ``start``."""
+    if (block + 1) * size > STREAM_LENGTH:
+        raise ValueError(f"block {block} of {size} runs leaves the point's stream of {STREAM_LENGTH} seeds")
+    return list(range(start + block * size, start + (block + 1) * size))
 
 
 class TrialCache:

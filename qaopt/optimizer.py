@@ -94,7 +94,6 @@ def optimize(
         front = validate_front(ctx, studies["aware"].feasible_configurations(), calibrated, evidence, reference)
         if front.evidence is not evidence:
             front.evidence.save(run_dir)
-            fold(calibrated, front.evidence.of(application_key(spec))).plot(run_dir / REGION_PLOT)
         agnostic = next(iter(studies["agnostic"].feasible_configurations()), None)
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
         # (free when the aware study validated the same NNs).
@@ -102,6 +101,9 @@ def optimize(
 
     with clock.stage("artifacts and report"):
         aware = front.chosen
+        # The report's region.png: the region searched in, with this run's closed-loop evidence and both configurations.
+        fold(calibrated, front.evidence.of(application_key(spec))).plot(
+            run_dir / REGION_PLOT, reference=reference.errors, chosen=aware.errors if aware is not None else None)
         result = Result(
             app=spec.app.name,
             spec=str(spec.source),
@@ -164,6 +166,7 @@ def _reference(ctx: SearchContext, run_dir: Path) -> Configuration:
     """The reference configuration, measured; an error when even it falls outside the region."""
     point = ctx.errors_of(ctx.reference)
     if not ctx.region.contains(point):
+        ctx.region.plot(run_dir / REGION_PLOT, reference=point)  # the plot the message points to shows where they fall
         raise OptimizeError(
             f"{ctx.spec.source}: the error region is empty for these NNs: even the reference NNs "
             f"(errors {format_errors(point)}) fail the QoS goal '{ctx.spec.qos.metric}' at the spec's confidence, so no "

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from qaopt.app_spec import AppSpec
-from qaopt.calibrate import Calibration, ErrorRegion, Evidence, Progress, QoSEvaluator
+from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence, Progress, QoSEvaluator
+from qaopt.calibrate.plot import plotted_axes, slice_levels
 from qaopt.spec_adapter import (
     acceptance_of,
     cache_dir_of,
@@ -49,7 +50,8 @@ def build_calibration(
     evaluator = evaluator if evaluator is not None else make_evaluator(spec)
     # The simulator alone keys its runs: adding a field store must not discard them.
     return Calibration(evaluator, space_of(spec), models, goal_of(spec), acceptance_of(spec), cache,
-                       simulator_key(spec, evaluator))
+                       simulator_key(spec, evaluator), seed=spec.calibration.seed,
+                       certifier=spec.calibration.certifier)
 
 
 def calibrate_spec(
@@ -61,19 +63,42 @@ def calibrate_spec(
     progress: Callable[[Progress], None] | None = None,
     calibration: Calibration | None = None,
     info: Mapping[str, Any] | None = None,
+    plot_axes: Sequence[str] | None = None,
+    plot_at: Mapping[str, float] | None = None,
 ) -> tuple[ErrorRegion, Path]:
     """Run the spec's calibration (strategy/budget overridable) and write region.json + region.png to ``out``.
 
     Returns the region and the folder. Re-running resumes: every finished seed
     block is read back from the cache. ``region.json`` is written atomically, once,
     with ``info`` (e.g. the key ``optimize`` reuses it under) among its details:
-    this is its only writer.
+    this is its only writer. ``plot_axes`` and ``plot_at`` choose the plot's axes and
+    the levels of the others (:func:`qaopt.calibrate.plot.plot_region`); they are
+    checked before any run, so a typo costs no simulation.
     """
     cal = calibration or build_calibration(spec)
+    slice_levels(cal.space, plotted_axes(cal.space, plot_axes), plot_at)  # the plot options, checked before any run
     region = cal.search(strategy or spec.calibration.strategy, spec.calibration.budget if budget is None else budget,
-                        evidence=evidence, progress=progress)
+                        evidence=evidence, progress=progress, runs=spec.calibration.runs)
     region.info.update({"app": spec.app.name, "spec": str(spec.source or ""), **(info or {})})
     folder = Path(out) if out is not None else Path(spec.output.dir)
     region.save(folder / "region.json")
-    region.plot(folder / "region.png")
+    region.plot(folder / "region.png", plot_axes, plot_at)
     return region, folder
+
+
+def plot_spec_region(
+    spec: AppSpec,
+    out: str | Path | None = None,
+    axes: Sequence[str] | None = None,
+    fixed: Mapping[str, float] | None = None,
+) -> Path:
+    """Redraw ``region.png`` from the ``region.json`` already in ``out`` (default: the spec's output.dir).
+
+    Runs no simulator: choosing other axes or levels should not cost a calibration.
+    """
+    folder = Path(out) if out is not None else Path(spec.output.dir)
+    path = folder / "region.json"
+    if not path.exists():
+        raise CalibrationError(f"{path}: no region to plot; run `qaopt calibrate {spec.source or 'SPEC'}` first, "
+                               "or give --out the folder that holds region.json")
+    return ErrorRegion.load(path).plot(folder / "region.png", axes, fixed)

@@ -1,9 +1,11 @@
-"""``qaopt calibrate SPEC``: region.json + region.png, resumption, one-line errors, and the real CropFollow."""
+"""``qaopt calibrate SPEC``: region.json + region.png, resumption, one-line errors, and the real CropFollow.
+
+The small synthetic spec (``spec_file``) is in ``conftest.py``, shared with ``test_calibrate_plot.py``.
+"""
 
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 from typer.testing import CliRunner
@@ -12,50 +14,6 @@ from qaopt.app_spec import load
 from qaopt.calibrate import ErrorRegion, Verdict
 from qaopt.region_calibration import build_calibration, calibrate_spec
 from qaopt.cli import app, main
-
-SPEC = """
-app: {name: synthetic}
-evaluator:
-  simulator:
-    entry_point: qaopt.calibrate.synthetic:SuperellipseApp
-    params: {limits: {LIMITS}, steps: 300}
-qos:
-  metric: failed
-  max: 0.0
-  acceptance: {max_failure_rate: 0.05, confidence: 0.9, min_trials: 8, max_trials: 96}
-nns:
-  heading:
-    model: qaopt.simulators.cropfollow:reference_nn
-    input_shape: [1, 3, 240, 320]
-    outputs: [{name: heading, unit: deg}]
-    error_metric: {kind: l1, output: heading}
-    data: {source: qaopt.simulators.cropfollow:reference_dataset}
-  distance:
-    model: qaopt.simulators.cropfollow:reference_nn
-    input_shape: [1, 3, 240, 320]
-    outputs: [{name: distance, unit: ratio}]
-    error_metric: {kind: l1, output: distance}
-    data: {source: qaopt.simulators.cropfollow:reference_dataset}
-calibration:
-  strategy: monotone
-  budget: 6
-  space:
-    - {nn: heading, max: 15.0}
-    - {nn: distance, max: 0.15}
-"""
-
-
-@pytest.fixture
-def spec_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
-
-    def write(limits: str = "{heading: 10.0, distance: 0.1}"):
-        path = tmp_path / "app.yaml"
-        path.write_text(textwrap.dedent(SPEC).replace("{LIMITS}", limits))
-        return path
-
-    return write
-
 
 def test_calibrate_writes_region_and_resumes(spec_file, tmp_path):
     spec, out = spec_file(), tmp_path / "out"
@@ -105,7 +63,8 @@ def test_real_cropfollow_calibrates(example_spec_path, tmp_path, monkeypatch):
     assert cal.evaluate({"heading": 30.0, "distance": 0.25}).verdict is Verdict.INVALID
     region, folder = calibrate_spec(spec, "bisect", 2, tmp_path / "out", calibration=cal)
     verdicts = [o.verdict for o in region.observations]
-    assert verdicts[0] is Verdict.INVALID  # the box centre (15 deg, 0.125) fails often
+    assert verdicts[0] is Verdict.VALID  # the reference point (no error) comes first
+    assert verdicts[1] is Verdict.INVALID  # the box centre fails often
     assert (folder / "region.json").exists() and (folder / "region.png").exists()
     assert region.info["app"] == "cropfollow"
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from qaopt.calibrate import AcceptanceTest, Axis, CalibrationError, ErrorRegion, ErrorSpace, Evidence, Observation, Verdict
+from qaopt.calibrate.region import PER_POINT
 
 SPACE = ErrorSpace([Axis("heading", 30.0), Axis("distance", 0.25)])
 
@@ -21,7 +22,7 @@ def sim(h: float, d: float, valid: bool) -> Observation:
 def region() -> ErrorRegion:
     # a staircase: valid up to (10, 0.1) and (5, 0.15); invalid from (20, 0.05) and (12, 0.2) up
     obs = [sim(10, 0.1, True), sim(5, 0.15, True), sim(20, 0.05, False), sim(12, 0.2, False)]
-    return ErrorRegion(SPACE, AcceptanceTest(), obs, info={"strategy": "monotone"})
+    return ErrorRegion(SPACE, AcceptanceTest(), obs, info={"strategy": "monotone"}, certifier=PER_POINT)
 
 
 def test_certified_is_the_down_set_of_accepted_points(region):
@@ -132,7 +133,7 @@ def test_plot_writes_a_png(region, tmp_path):
     path = region.plot(tmp_path / "region.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     with pytest.raises(CalibrationError, match="axis 'speed'"):
-        region.plot(tmp_path / "x.png", x="speed")
+        region.plot(tmp_path / "x.png", axes=["speed"])
 
 
 def test_undecided_points_are_borderline_and_never_certify(region):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -18,18 +20,33 @@ def calibrate(
     budget: int | None = typer.Option(None, "--budget", "-b",
                                       help="QoS evaluations to spend; a point's trials count as one (default: the spec's)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder for region.json and region.png (default: the spec's output.dir)."),
+    plot: bool = typer.Option(False, "--plot",
+                              help="Only redraw region.png from the folder's region.json; runs no simulator."),
+    axes: str | None = typer.Option(None, "--axes", help="Axes to plot, comma-separated, named as in region.json "
+                                    "(e.g. heading,distance or heading.sigma); default: all, pairwise."),
+    at: list[str] | None = typer.Option(None, "--at", help="NAME=VALUE: hold an axis that is not plotted at VALUE "
+                                        "(default: its min); repeatable."),
 ) -> None:
     """Inject errors into the NNs of the simulated application and map the valid error region.
 
     Every point is judged by a sequential statistical test over seeded runs; runs
     are cached, so an interrupted calibration resumes when run again. The whole spec
     is validated first, every entry point imported and the simulator constructed,
-    so a typo is reported (file:line:column: field: ...) before any run.
+    so a typo is reported (file:line:column: field: ...) before any run. With
+    --plot, only region.png is redrawn (e.g. with other --axes or --at levels).
     """
     from qaopt.calibrate import Verdict  # scipy/sklearn: only when a calibration runs
     from qaopt.field.evidence import spec_evidence
-    from qaopt.region_calibration import build_calibration, calibrate_spec
+    from qaopt.region_calibration import build_calibration, calibrate_spec, plot_spec_region
 
+    plot_axes, plot_at = _axis_names(axes), _levels(at or [])
+    if plot:
+        if strategy is not None or budget is not None:
+            raise typer.BadParameter("--plot redraws the existing region and runs nothing; drop --strategy and "
+                                     "--budget, or drop --plot to calibrate", param_hint="'--plot'")
+        path = plot_spec_region(load_spec(spec), out, plot_axes, plot_at)  # no entry point: nothing runs
+        Console().print(f"wrote {path}")
+        return
     app_spec = load_spec(spec, check_entry_points=True)
     console = Console()
     cal = build_calibration(app_spec)
@@ -55,7 +72,7 @@ def calibrate(
                           f"{ob.failures} failed{detail}")
 
         region, folder = calibrate_spec(app_spec, strategy, budget, out, evidence=field.evidence, progress=show,
-                                        calibration=cal)
+                                        calibration=cal, plot_axes=plot_axes, plot_at=plot_at)
     labelled = region.labelled()
     certified = sum(p.valid for p in labelled)
     if field.evidence:
@@ -68,3 +85,35 @@ def calibrate(
         f"{region.evaluations} evaluations, {region.trials} runs; {certified} valid points certify the region.\n"
         f"wrote {folder / 'region.json'} and {folder / 'region.png'}"
     )
+
+
+def _axis_names(text: str | None) -> list[str] | None:
+    """``--axes heading,distance`` as a list of names; ``None`` (all axes) when not given."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise typer.BadParameter(f"'{text}' has an empty axis name; give comma-separated names as in region.json, "
+                                 "e.g. --axes heading,distance", param_hint="'--axes'")
+    return names
+
+
+def _levels(items: Sequence[str]) -> dict[str, float]:
+    """``--at heading=2.5 --at speed=0.1`` as ``{"heading": 2.5, "speed": 0.1}``."""
+    levels: dict[str, float] = {}
+    for item in items:
+        name, sep, text = (part.strip() for part in item.partition("="))
+        if not sep or not name:
+            raise typer.BadParameter(f"'{item}' is not NAME=VALUE; hold an axis at a level with e.g. --at heading=2.5",
+                                     param_hint="'--at'")
+        try:
+            level = float(text)
+        except ValueError:
+            level = math.nan
+        if not math.isfinite(level):
+            raise typer.BadParameter(f"'{item}': '{text}' is not a finite number; e.g. --at {name}=2.5",
+                                     param_hint="'--at'")
+        if name in levels:
+            raise typer.BadParameter(f"axis '{name}' is given twice; give each axis one level", param_hint="'--at'")
+        levels[name] = level
+    return levels

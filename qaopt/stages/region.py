@@ -176,7 +176,7 @@ def differences(region: ErrorRegion, cal: Calibration) -> list[str]:
     """What makes ``region`` unusable for the calibration ``cal`` describes; empty when compatible.
 
     Compatible means the same simulator (its params and code), QoS goal and acceptance test,
-    error space (the NNs and their axes), NN error metrics and error models. The strategy
+    error space (the NNs and their axes), NN error metrics, error models and certifier. The strategy
     and the budget may differ: they decide how well the region is charted, not what it means.
     """
     info = region.info
@@ -188,6 +188,7 @@ def differences(region: ErrorRegion, cal: Calibration) -> list[str]:
         "NN error metrics": (region.metrics, {nn: m.config()["metric"] for nn, m in cal.models.items()
                                               if nn in cal.space.nns}),
         "error model": (info.get("error_models"), {nn: cal.models[nn].config() for nn in cal.space.nns}),
+        "certifier": (region.certifier, cal.certifier),
     }
     return [f"{what} differs" for what, (have, want) in expected.items() if _canonical(have) != _canonical(want)]
 

@@ -122,10 +122,14 @@ def fit_pooled(U: np.ndarray, runs: np.ndarray, failures: np.ndarray) -> PooledF
                            [PRIOR_MEAN_LOG_R]])
     sd = np.concatenate([[PRIOR_SD_B], np.full(d, PRIOR_SD_LOG_A), np.full(d, PRIOR_SD_LOG_G), [PRIOR_SD_LOG_R]])
 
+    lo, hi = np.array(_bounds(d)).T
+
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        eta, J = _eta(theta, d, U)
+        # The likelihood sees theta clipped to where exp cannot overflow; the prior pulls it back.
+        clipped = np.clip(theta, lo, hi)
+        eta, J = _eta(clipped, d, U)
         nll = -(k * log_expit(eta) + (n - k) * log_expit(-eta)).sum()
-        grad = (n * expit(eta) - k) @ J  # d nll / d eta = n p - k
+        grad = np.where(clipped == theta, (n * expit(eta) - k) @ J, 0.0)  # d nll / d eta = n p - k
         z = (theta - mean) / sd
         return float(nll + 0.5 * (z ** 2).sum()), grad + z / sd
 
@@ -133,10 +137,10 @@ def fit_pooled(U: np.ndarray, runs: np.ndarray, failures: np.ndarray) -> PooledF
     for b0 in (PRIOR_MEAN_B, -8.0, 0.0):  # a few starts: the likelihood of a steep knee is not convex
         start = mean.copy()
         start[0] = b0
-        res = minimize(objective, start, jac=True, method="L-BFGS-B", bounds=_bounds(d))
+        res = minimize(objective, start, jac=True, method="BFGS")
         if best is None or res.fun < best.fun:
             best = res
-    mode = best.x
+    mode = np.clip(best.x, lo, hi)
     dispersion = _dispersion(expit(_eta(mode, d, U)[0]), n, k, len(mode))
     # Importance sampling from a wide Student-t around the mode: the posterior of a steep
     # knee is far from Gaussian (flat along the steepness), where a Laplace approximation
@@ -149,7 +153,6 @@ def fit_pooled(U: np.ndarray, runs: np.ndarray, failures: np.ndarray) -> PooledF
     q = len(mode)
     z = rng.standard_normal((DRAWS, q)) / np.sqrt(rng.chisquare(PROPOSAL_DF, DRAWS) / PROPOSAL_DF)[:, None]
     draws = mode + (z * scale) @ axes.T
-    lo, hi = np.array(_bounds(d)).T
     inside = ((draws >= lo) & (draws <= hi)).all(1)
     eta = _eta_draws(draws, d, U)
     loglik = (k * log_expit(eta) + (n - k) * log_expit(-eta)).sum(1) / dispersion

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import qmc
 
 from qaopt.app_spec import store
 from qaopt.app_spec.nn_errors import error_coordinate
@@ -141,6 +142,11 @@ class ErrorRegion:
         for ev in [evidence] if isinstance(evidence, Evidence) else evidence:
             verdict = self.acceptance.decide_fixed(ev.failures, ev.passes + ev.failures)
             self.add(Observation(dict(ev.errors), ev.passes, ev.failures, verdict, ev.source, ev.note))
+
+    def copy(self, observations: Sequence[Observation] | None = None) -> ErrorRegion:
+        """The same region (space, test, metrics, info, certifier) with these observations (default: its own)."""
+        return ErrorRegion(self.space, self.acceptance, list(self.observations if observations is None else observations),
+                           self.metrics, self.info, self.certifier)
 
     # -- labels ---------------------------------------------------------------------
     def labelled(self) -> list[LabelledPoint]:
@@ -254,9 +260,16 @@ class ErrorRegion:
             out[a.name] = error_coordinate(a.component, self.metrics.get(a.nn, "l1"), residuals[a.nn])
         return out
 
+    def certified_share(self, samples: int = 4096) -> float:
+        """The share of the error space (its unit cube, by a Sobol sample) that is certified valid."""
+        U = qmc.Sobol(self.space.dim, scramble=True, seed=0).random(samples)
+        return float(self.contains_unit(U).mean())
+
     def empty_reason(self) -> str | None:
-        """Why nothing is certified, naming the points tried; ``None`` when something is."""
-        grid = np.vstack([np.zeros(self.space.dim), self.runs()[0]])
+        """Why nothing beyond the reference point is certified, naming the points tried; ``None`` when something is."""
+        # The reference point (the origin) alone is no region: look everywhere else.
+        grid = np.vstack([qmc.Sobol(self.space.dim, scramble=True, seed=0).random(1024), self.runs()[0]])
+        grid = grid[grid.max(1) > 1e-9]
         if self.contains_unit(grid).any():
             return None
         sim = [o for o in self.observations if o.source == SIMULATOR]

@@ -163,15 +163,23 @@ def _target(spec: AppSpec, prof: Profile) -> kernels.Target:
 
 
 def _reference(ctx: SearchContext, run_dir: Path) -> Configuration:
-    """The reference configuration, measured; an error when even it falls outside the region."""
+    """The reference configuration, measured; an error saying why when even it falls outside the region."""
     point = ctx.errors_of(ctx.reference)
+    for i, axis in enumerate(ctx.region.space.axes):
+        if point[axis.name] < axis.min:
+            raise OptimizeError(
+                f"{ctx.spec.source}: calibration.space.{i} ({axis.name}) starts at min = {axis.min:g}, above the "
+                f"reference NN's error {point[axis.name]:.4g}: the reference lies outside the calibrated space. "
+                f"Set its min to at most {point[axis.name]:.4g} (or leave it out: 0) and calibrate again.")
     if not ctx.region.contains(point):
         ctx.region.plot(run_dir / REGION_PLOT, reference=point)  # the plot the message points to shows where they fall
-        raise OptimizeError(
-            f"{ctx.spec.source}: the error region is empty for these NNs: even the reference NNs "
-            f"(errors {format_errors(point)}) fail the QoS goal '{ctx.spec.qos.metric}' at the spec's confidence, so no "
-            f"approximation can be valid. See the calibration plot {run_dir / REGION_PLOT}; loosen qos or improve the NNs."
-        )
+        empty = ctx.region.empty_reason()
+        why = (f"the region is empty: {empty}" if empty else
+               f"the reference NNs' errors {format_errors(point)} lie outside the certified region (P(valid) there "
+               f"{ctx.region.probability(point):.2f}); raise calibration.budget, narrow the axes around the "
+               "reference's errors so that evaluations land near them, or improve the NNs")
+        raise OptimizeError(f"{ctx.spec.source}: no approximation can be shown valid: {why}. "
+                            f"See the calibration plot {run_dir / REGION_PLOT}.")
     measured, latency, memory = ctx.measure(ctx.reference, "sequential")
     return Configuration(nns={n: m.choice for n, m in measured.items()}, schedule="sequential", latency_ms=latency,
                          memory_bytes=memory, errors=point, in_region=True)

@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from qaopt.calibrate import AcceptanceTest, Axis, ErrorRegion, ErrorSpace, Observation, Verdict
+from qaopt.calibrate.region import PER_POINT
 from qaopt.cli import app, main
 from qaopt.field import Run, Store
 from qaopt.field.plan import plan
@@ -94,7 +95,7 @@ def _spec(tmp_path: Path) -> Path:
 
 
 def _region(tmp_path: Path) -> Path:
-    region = ErrorRegion(ErrorSpace([Axis("heading", 30.0), Axis("distance", 0.25)]), AcceptanceTest())
+    region = ErrorRegion(ErrorSpace([Axis("heading", 30.0), Axis("distance", 0.25)]), AcceptanceTest(), certifier=PER_POINT)
     for h, d, ok in [(15, 0.15, True), (18, 0.05, False), (5, 0.18, False), (20, 0.2, False)]:
         region.add(Observation({"heading": h, "distance": d}, 8 if ok else 0, 0 if ok else 8,
                                Verdict.VALID if ok else Verdict.INVALID))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from qaopt.calibrate import AcceptanceTest, Axis, ErrorRegion, ErrorSpace, Observation, QoSGoal, Verdict
+from qaopt.calibrate.region import PER_POINT
 from qaopt.field import FieldError, RunRecord
 from qaopt.field.evidence import apply_evidence, certified_fraction, collect_evidence
 from qaopt.field.plan import Candidate, plan, runs_needed
@@ -28,7 +29,7 @@ def _run(i, *, point=None, nn_errors=None, collisions=0, status="complete", dist
 
 def _sim_region() -> ErrorRegion:
     """A simulator staircase: valid up to heading 15 / distance 0.15 (a rectangle)."""
-    region = ErrorRegion(SPACE, AcceptanceTest())
+    region = ErrorRegion(SPACE, AcceptanceTest(), certifier=PER_POINT)
     for h, d, ok in [(15, 0.15, True), (18, 0.05, False), (5, 0.18, False), (10, 0.1, True), (20, 0.2, False)]:
         region.add(Observation({"heading": h, "distance": d}, 8 if ok else 0, 0 if ok else 8,
                                Verdict.VALID if ok else Verdict.INVALID))
@@ -79,7 +80,7 @@ def test_field_passes_confirm_without_change():
 
 
 def test_runs_needed_follows_the_acceptance_test():
-    region = ErrorRegion(SPACE, AcceptanceTest(max_failure_rate=0.05, confidence=0.9))
+    region = ErrorRegion(SPACE, AcceptanceTest(max_failure_rate=0.05, confidence=0.9), certifier=PER_POINT)
     assert runs_needed(region, 0, 0) == (45, 5)  # 0.9 ** (1/45) >= 0.95 > 0.9 ** (1/44)
     assert runs_needed(region, 10, 0)[0] == 35
     more, reject = runs_needed(region, 40, 1)
@@ -89,7 +90,7 @@ def test_runs_needed_follows_the_acceptance_test():
 
 
 def test_plan_without_any_evidence_splits_the_space():
-    (best,) = plan(ErrorRegion(SPACE, AcceptanceTest()), top=1, run_length_m=100.0)
+    (best,) = plan(ErrorRegion(SPACE, AcceptanceTest(), certifier=PER_POINT), top=1, run_length_m=100.0)
     u = SPACE.to_unit(best.candidate.errors)
     assert 0.1 < u.min() and u.max() < 0.6  # neither the zero corner nor the far corner
     assert 0.0 < best.score < 1.0 and best.runs == 45 and best.distance_m == 4500.0
@@ -129,7 +130,7 @@ def test_plan_scores_configurations_and_counts_logged_runs():
 
 
 def test_plan_is_empty_when_the_field_decided_everything():
-    region = ErrorRegion(SPACE, AcceptanceTest())
+    region = ErrorRegion(SPACE, AcceptanceTest(), certifier=PER_POINT)
     runs = [_run(i, point={"heading": 30.0, "distance": 0.25}) for i in range(45)]
     apply_evidence(region, collect_evidence(runs, SPACE, GOAL).evidence)
     assert plan(region) == []

@@ -16,7 +16,7 @@ from qaopt.spec import load_spec
 def calibrate(
     spec: Path = typer.Argument(..., help="The application spec (YAML)."),
     strategy: str | None = typer.Option(None, "--strategy", "-s",
-                                        help="bisect | monotone | active (default: the spec's)."),
+                                        help="boundary | bisect | monotone | active (default: the spec's)."),
     budget: int | None = typer.Option(None, "--budget", "-b",
                                       help="QoS evaluations to spend; a point's trials count as one (default: the spec's)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder for region.json and region.png (default: the spec's output.dir)."),
@@ -74,17 +74,19 @@ def calibrate(
         region, folder = calibrate_spec(app_spec, strategy, budget, out, evidence=field.evidence, progress=show,
                                         calibration=cal, plot_axes=plot_axes, plot_at=plot_at)
     labelled = region.labelled()
-    certified = sum(p.valid for p in labelled)
     if field.evidence:
         console.print(f"field evidence: {len(field.evidence)} point(s) from {sum(map(len, field.runs.values()))} run(s)")
     for p in labelled:
         if p.overturned:
             point = ", ".join(f"{k}={v:.3g}" for k, v in p.errors.items())
             console.print(f"[blue]field overturned the simulator[/] at {point}: now {'valid' if p.valid else 'invalid'}")
-    console.print(
-        f"{region.evaluations} evaluations, {region.trials} runs; {certified} valid points certify the region.\n"
-        f"wrote {folder / 'region.json'} and {folder / 'region.png'}"
-    )
+    empty = region.empty_reason()
+    if empty:
+        console.print(f"[red]no region:[/] {empty}")
+    else:
+        console.print(f"certified ({region.certifier}): {region.certified_share():.0%} of the error space")
+    console.print(f"{region.evaluations} evaluations, {region.trials} runs.\n"
+                  f"wrote {folder / 'region.json'} and {folder / 'region.png'}")
 
 
 def _axis_names(text: str | None) -> list[str] | None:

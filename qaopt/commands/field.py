@@ -245,7 +245,7 @@ def _spec_region(spec_path: Path, region_path: Path | None, store: str | None, c
         console.print(f"no region at {default} (run `qaopt calibrate {spec_path}`, or pass --region): "
                       "using the field evidence alone", markup=False)
         region = ErrorRegion(space, acceptance_of(spec))
-    before = ErrorRegion(region.space, region.acceptance, list(region.observations), region.metrics, region.info)
+    before = region.copy()
     records = []
     if store or spec.evaluator.field is not None:
         with open_store(store, spec_path) as st:

@@ -140,9 +140,7 @@ def unit_grid(dim: int, resolution: int) -> np.ndarray:
 
 def field_only(region: ErrorRegion) -> ErrorRegion:
     """The same region with only its non-simulator observations (what the field has shown)."""
-    return ErrorRegion(region.space, region.acceptance,
-                       [o for o in region.observations if o.source != SIMULATOR],
-                       region.metrics, region.info)
+    return region.copy([o for o in region.observations if o.source != SIMULATOR])
 
 
 def observed_at(region: ErrorRegion, errors: Mapping[str, float]) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qaopt.calibrate import ErrorRegion, Verdict
+from qaopt.calibrate.region import PER_POINT
 
 from .evidence import field_only, observed_at, unit_grid
 
@@ -85,9 +86,10 @@ def field_probability(region: ErrorRegion, U: np.ndarray, doubt: float) -> np.nd
     (:func:`monotone_prior` where the region has not learned one)."""
     p = monotone_prior(U)
     if region.labelled():
+        lab = region.dominance().labels(U)
         model = region.model
-        lab = model.dominance_.labels(U)
-        learned = model.predict_proba(U) if model.model_ is not None else p
+        # a per-point classifier that saw one outcome only has learned nothing beyond monotonicity
+        learned = p if region.certifier == PER_POINT and model.model_ is None else model.predict_proba(U)
         p = np.where(lab > 0, 1.0, np.where(lab < 0, 0.0, learned))
     p = np.clip(p, doubt, 1 - doubt)
     seen = field_only(region)

@@ -231,7 +231,7 @@ def _missing(evidence: Sequence[Evidence], region: ErrorRegion) -> list[Evidence
 
 
 def _with_evidence(region: ErrorRegion, evidence: Sequence[Evidence]) -> ErrorRegion:
-    copy = ErrorRegion.from_json(region.to_json())
+    copy = region.copy()
     copy.add_evidence(list(evidence))
     return copy
 

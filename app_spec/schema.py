@@ -396,6 +396,10 @@ class AppSpec(Section):
                 raise ValueError(
                     f"calibration.space.{i}.nn: no NN named {axis.nn!r}; the spec's NNs are {sorted(self.nns)}"
                 )
+        runs, first = self.calibration.runs, self.qos.acceptance.min_trials
+        if runs is not None and runs < first:
+            raise ValueError(f"calibration.runs: {runs} simulator runs cannot judge even the reference point, which "
+                             f"needs qos.acceptance.min_trials = {first}; raise calibration.runs or leave it out")
         return self
 
     def knobs_for(self, nn: str) -> PassSections:

@@ -133,3 +133,13 @@ def test_axes_starting_above_the_reference_error_are_a_clear_error(tmp_path, mon
     with pytest.raises(OptimizeError, match=r"calibration.space.0 \(a\) starts at min = 0.2, above the reference NN's "
                                             r"error 0.05.*Set its min to at most 0.05"):
         _reference(ctx, tmp_path)
+
+
+def test_a_spec_run_budget_below_the_first_look_is_named_at_its_line(spec_file):
+    from qaopt.app_spec import SpecError, load
+
+    path = spec_file()
+    path.write_text(path.read_text().replace("strategy: monotone", "strategy: boundary\n  runs: 4"))
+    with pytest.raises(SpecError, match=r"app.yaml:\d+:\d+: calibration.runs: 4 simulator runs cannot judge even "
+                                        r"the reference point, which needs qos.acceptance.min_trials = 8"):
+        load(path)

@@ -358,6 +358,9 @@ class OutputSpec(Section):
 
     dir: SpecPath = Path("runs")
     cache_dir: SpecPath = Path(".qaopt-cache")
+    cluster: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9+.-]*://\S+$", max_length=500, description=(
+        "address of a Dask scheduler (tcp://host:8786) that runs calibration's and closed-loop validation's "
+        "simulator runs; --cluster overrides it; without it they run in a local process pool"))
 
 
 # ---------------------------------------------------------------- the spec

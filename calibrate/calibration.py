@@ -12,11 +12,21 @@ nothing can be valid and the search stops there, saying so.
 An evaluator that raises, or returns something that is not one finite QoS
 value per seed, fails only that point: the failure is recorded with its message
 and the search goes on. Nothing is cached for a failed block.
+
+Seed blocks may run on a :class:`concurrent.futures.Executor` (a process pool, a
+Dask cluster's): a point's next blocks are dispatched ahead, as many as the executor
+has workers, and their outcomes are consumed strictly in block order, the test (or
+the strategy's ``more``) asked after each exactly as in the serial loop. The verdict,
+the runs counted and the cache's content are therefore the same for any number of
+workers; blocks dispatched past the decision are cached when they finish (blocks
+not yet started are cancelled) and are not counted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +58,30 @@ class BadEvaluation(Exception):
     """An evaluator raised or returned garbage; the point is recorded as failed."""
 
 
+class _Given:
+    """The evaluator itself, as the picklable zero-argument factory a worker calls."""
+
+    def __init__(self, evaluator: QoSEvaluator):
+        self.evaluator = evaluator
+
+    def __call__(self) -> QoSEvaluator:
+        return self.evaluator
+
+
+def evaluate_block(make: Callable[[], QoSEvaluator], injectors: Mapping[str, Injector],
+                   seeds: list[int]) -> tuple[list | None, str | None]:
+    """One seed block on a worker: ``(records, None)``, or ``(None, why)`` when the evaluator raised.
+
+    ``make()`` builds (or returns) the evaluator there; an exception from it is not the
+    point's fault (a worker that cannot build the application) and propagates.
+    """
+    evaluator = make()
+    try:
+        return evaluator.evaluate(injectors, seeds), None
+    except Exception as e:  # noqa: BLE001 - any evaluator failure fails only this point
+        return None, f"evaluator raised {type(e).__name__}: {e}"
+
+
 class Calibration:
     """Evaluates error points of one application and searches its error region.
 
@@ -69,6 +103,9 @@ class Calibration:
         app_key: str,
         seed: int = 0,
         certifier: str = "pooled",
+        executor: Executor | None = None,
+        workers: int | None = None,
+        remote_evaluator: Callable[[], QoSEvaluator] | None = None,
     ):
         space.check_nns(tuple(evaluator.nn_names))
         for a in space.axes:
@@ -85,6 +122,21 @@ class Calibration:
         self.goal, self.acceptance, self.app_key = goal, acceptance, app_key
         self.seed, self.certifier = seed, certifier
         self.cache = TrialCache(cache_dir)
+        self.use(executor, workers, remote_evaluator)
+
+    def use(self, executor: Executor | None, workers: int | None = None,
+            remote_evaluator: Callable[[], QoSEvaluator] | None = None) -> None:
+        """Run seed blocks on ``executor`` (``None``: in this process), up to ``workers`` blocks of a point at once.
+
+        ``workers`` defaults to the executor's ``workers`` (or ``_max_workers``) attribute.
+        ``remote_evaluator`` is a picklable zero-argument callable that builds the evaluator
+        on a worker; without it (and none given before) the evaluator itself is pickled with each block.
+        """
+        self.executor = executor
+        self.workers = 1 if executor is None else max(1, int(
+            workers or getattr(executor, "workers", None) or getattr(executor, "_max_workers", None) or 1))
+        if remote_evaluator is not None or not hasattr(self, "_remote"):
+            self._remote = remote_evaluator if remote_evaluator is not None else _Given(self.evaluator)
 
     # -- one point ------------------------------------------------------------------
     def injection(self, errors: Mapping[str, float]) -> dict[str, dict]:
@@ -103,18 +155,91 @@ class Calibration:
         reproducible for the same list.
         """
         key = TrialCache.key(self.app_key, self.injection(errors), seeds)
-        records = self.cache.get(key)
-        if records is None or records_problem(records, seeds, self.goal.metric):  # a stale entry is run again
+        records = self._cached(key, seeds)
+        if records is None:
             try:
-                records = self.evaluator.evaluate(self.injectors(errors), seeds)
+                raw = self.evaluator.evaluate(self.injectors(errors), seeds)
             except Exception as e:  # noqa: BLE001 - any evaluator failure fails only this point
                 raise BadEvaluation(f"evaluator raised {type(e).__name__}: {e}") from e
-            problem = records_problem(records, seeds, self.goal.metric)
-            if problem:
-                raise BadEvaluation(f"evaluator returned {problem}")
-            records = [{k: float(v) for k, v in r.items() if is_qos_value(v)} for r in records]
-            self.cache.put(key, records)
+            records = self._accept(key, seeds, raw)
+        return self._outcome(records)
+
+    def _cached(self, key: str, seeds: list[int]) -> list[dict] | None:
+        records = self.cache.get(key)
+        if records is None or records_problem(records, seeds, self.goal.metric):  # a stale entry is run again
+            return None
+        return records
+
+    def _accept(self, key: str, seeds: list[int], raw: object) -> list[dict]:
+        """The evaluator's records of a block, checked, made plain and cached; :class:`BadEvaluation` if unusable."""
+        problem = records_problem(raw, seeds, self.goal.metric)
+        if problem:
+            raise BadEvaluation(f"evaluator returned {problem}")
+        records = [{k: float(v) for k, v in r.items() if is_qos_value(v)} for r in raw]
+        self.cache.put(key, records)
+        return records
+
+    def _outcome(self, records: list[dict]) -> list[bool]:
         return [self.goal.passes(r[self.goal.metric]) for r in records]
+
+    def _outcomes(self, errors: dict[str, float], start: int, blocks: int) -> Iterator[list[bool]]:
+        """Each block's pass/fail list, in block order; on an executor, up to ``workers`` blocks in flight.
+
+        Closing the iterator (the point is decided) cancels the blocks not yet started;
+        those already running are cached when they finish, so their runs are never lost.
+        """
+        size = self.acceptance.block
+        if self.executor is None or self.workers <= 1:
+            for b in range(blocks):
+                yield self.run_seeds(errors, block_seeds(start, b, size))
+            return
+        injectors = self.injectors(errors)
+        injection = self.injection(errors)
+        window: deque[tuple[list[int], str, Future | list[dict]]] = deque()
+        submitted = 0
+
+        def fill() -> None:
+            nonlocal submitted
+            while submitted < blocks and len(window) < self.workers:
+                seeds = block_seeds(start, submitted, size)
+                key = TrialCache.key(self.app_key, injection, seeds)
+                cached = self._cached(key, seeds)
+                if cached is not None:
+                    window.append((seeds, key, cached))
+                else:
+                    future = self.executor.submit(evaluate_block, self._remote, injectors, seeds)
+                    future.add_done_callback(lambda f, _k=key, _s=seeds: self._cache_finished(f, _k, _s))
+                    window.append((seeds, key, future))
+                submitted += 1
+
+        try:
+            fill()
+            while window:
+                seeds, key, item = window.popleft()
+                if isinstance(item, Future):
+                    raw, why = item.result()  # an executor or worker failure propagates: it is no verdict
+                    if why is not None:
+                        raise BadEvaluation(why)
+                    records = self._accept(key, seeds, raw)
+                else:
+                    records = item
+                fill()
+                yield self._outcome(records)
+        finally:
+            for _, _, item in window:
+                if isinstance(item, Future):
+                    item.cancel()
+
+    def _cache_finished(self, future: Future, key: str, seeds: list[int]) -> None:
+        """A block that finished after its point was decided still enters the cache."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        raw, why = future.result()
+        if why is None:
+            try:
+                self._accept(key, seeds, raw)
+            except BadEvaluation:
+                pass
 
     def evaluate(self, errors: Mapping[str, float], on_block: Callable[[int], None] | None = None,
                  more: Callable[[int, int], bool] | None = None, max_runs: int | None = None) -> Observation:
@@ -131,9 +256,9 @@ class Calibration:
             cap = min(cap, max_runs)
         passes = failures = 0
         verdict = Verdict.UNDECIDED
+        outcomes = self._outcomes(errors, start, cap // self.acceptance.block)
         try:
-            for block in range(cap // self.acceptance.block):
-                outcome = self.run_seeds(errors, block_seeds(start, block, self.acceptance.block))
+            for outcome in outcomes:
                 passes += sum(outcome)
                 failures += len(outcome) - sum(outcome)
                 if on_block:
@@ -147,6 +272,8 @@ class Calibration:
                         break
         except BadEvaluation as e:
             return Observation(errors, passes, failures, Verdict.FAILED, message=str(e))
+        finally:
+            outcomes.close()
         if more is not None:
             verdict = self.acceptance.decide_fixed(failures, passes + failures)
         return Observation(errors, passes, failures, verdict)

@@ -208,7 +208,7 @@ def plot_region(
     path: str | Path,
     axes: Sequence[str] | None = None,
     fixed: Mapping[str, float] | None = None,
-    resolution: int = 200,
+    resolution: int = 64,
     reference: Mapping[str, float] | None = None,
     chosen: Mapping[str, float] | None = None,
 ) -> Path:
@@ -308,7 +308,7 @@ def _draw_panel(ax: Axes, region: ErrorRegion, panel: Panel, resolution: int, sh
     ax_x, ax_y = region.space.axes[names.index(panel.x)], region.space.axes[names.index(panel.y)]
     ext = (ax_x.min, ax_x.max, ax_y.min, ax_y.max)
     image = ax.imshow(region.model.predict_proba(U).reshape(resolution, resolution), origin="lower", extent=ext,
-                      aspect="auto", cmap="RdYlGn", vmin=0, vmax=1, alpha=0.75)
+                      aspect="auto", cmap="RdYlGn", vmin=0, vmax=1, alpha=0.75, interpolation="bilinear")
     cert = region.contains_unit(U, "certified").reshape(resolution, resolution)
     if cert.any() and not cert.all():  # a uniform slice has no outline to draw
         ax.contour(np.linspace(*ext[:2], resolution), np.linspace(*ext[2:], resolution), cert.astype(float),

@@ -38,6 +38,8 @@ PRIOR_MEAN_LOG_A, PRIOR_SD_LOG_A = np.log(10.0), 1.5  # logit rise across an axi
 PRIOR_MEAN_LOG_G, PRIOR_SD_LOG_G = 0.0, 1.0  # shape: between ~0.14 (knee at once) and ~7 (knee late)
 PRIOR_MEAN_LOG_R, PRIOR_SD_LOG_R = 0.0, 1.5  # combination: from ~0.05 (synergy) to ~20 (the worst NN decides)
 DRAWS, DRAW_SEED, ROUNDS = 4000, 0, 2  # posterior draws per round; a fixed seed keeps a region's answers reproducible
+CHUNK = 4096  # query points per block of draws x points, to bound memory
+DROPPED_WEIGHT = 1e-4  # the least-weighted draws, worth this much posterior probability in all, are dropped
 PROPOSAL_DF, PROPOSAL_SCALE = 4, 1.5  # heavy-tailed and wider than the Laplace approximation
 
 
@@ -78,7 +80,9 @@ class PooledFit:
     def proba(self, U: np.ndarray, max_failure_rate: float) -> np.ndarray:
         """Posterior probability that each point's failure rate is at most ``max_failure_rate``."""
         limit = np.log(max_failure_rate / (1 - max_failure_rate))
-        return self.weights @ (self.logit_draws(U) <= limit)
+        U = np.atleast_2d(np.asarray(U, dtype=float))
+        return np.concatenate([self.weights @ (self.logit_draws(U[i:i + CHUNK]) <= limit)
+                               for i in range(0, len(U), CHUNK)]) if len(U) else np.zeros(0)
 
 
 def _eta_draws(thetas: np.ndarray, d: int, U: np.ndarray) -> np.ndarray:
@@ -171,7 +175,11 @@ def fit_pooled(U: np.ndarray, runs: np.ndarray, failures: np.ndarray) -> PooledF
         center = w @ draws
         cov = ((draws - center) * w[:, None]).T @ (draws - center) + 1e-9 * np.eye(len(mode))
         basis = np.linalg.cholesky(cov) * PROPOSAL_SCALE
-    return PooledFit(d, mode, draws, w, dispersion, len(U), int(n.sum()))
+    # Draws with negligible weight change no probability by more than DROPPED_WEIGHT; dropping them makes
+    # every later query (plots of 40,000 points, the joint threshold) many times cheaper.
+    order = np.argsort(-w)
+    kept = order[: int(np.searchsorted(np.cumsum(w[order]), 1 - DROPPED_WEIGHT)) + 1]
+    return PooledFit(d, mode, draws[kept], w[kept] / w[kept].sum(), dispersion, len(U), int(n.sum()))
 
 
 def _student_t(rng: np.random.Generator, center: np.ndarray, basis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

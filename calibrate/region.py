@@ -339,7 +339,7 @@ class ErrorRegion:
             raise CalibrationError(f"{path}: malformed region ({type(e).__name__}: {e}); run `qaopt calibrate` again") from e
 
     def plot(self, path: str | Path, axes: Sequence[str] | None = None, fixed: Mapping[str, float] | None = None,
-             resolution: int = 200, reference: Mapping[str, float] | None = None,
+             resolution: int = 64, reference: Mapping[str, float] | None = None,
              chosen: Mapping[str, float] | None = None) -> Path:
         """Write a PNG of every pair of ``axes``, other axes held at ``fixed`` (see :func:`qaopt.calibrate.plot.plot_region`).
 

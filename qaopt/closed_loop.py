@@ -6,17 +6,25 @@ configuration is accepted only after the application ran with the real NNs in th
 loop (:meth:`qaopt.calibrate.Application.evaluate_perception`) over many seeds and
 met its QoS goal at the spec's confidence, and the report says how often the
 region's prediction agreed.
+
+The runs go in blocks; on an executor (:mod:`qaopt.executor`) several blocks run at
+once and are consumed in block order with the same stopping rule, so the verdict and
+the runs counted are those of one worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 
 import numpy as np
 
 from qaopt.app_spec import AppSpec
 from qaopt.application import check_method
 from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, Verdict
+from qaopt.executor import run_perception_block, workers_of
 from qaopt.result import RunMetric, Validation
 from qaopt.spec_adapter import acceptance_of, goal_of
 
@@ -24,6 +32,16 @@ VALIDATION_SEED_BASE = 5_000_000
 """Validation seeds are disjoint from calibration's and from the seeds simulators use for their NNs'
 training and validation data (CropFollow's validation drives use 1,000,000 + ...), so a validation
 run never replays a field the NNs were measured on."""
+
+
+@dataclass(frozen=True)
+class BlockProgress:
+    """Reported after every block of validation runs: runs done of those planned, failures, the verdict so far."""
+
+    runs: int
+    planned: int
+    failures: int
+    verdict: str
 
 
 def acceptable_failures(test: AcceptanceTest, runs: int) -> int:
@@ -44,6 +62,10 @@ def validate_closed_loop(
     region_predicted_valid: bool,
     seed_base: int = VALIDATION_SEED_BASE,
     threads: int = 1,
+    executor: Executor | None = None,
+    workers: int | None = None,
+    remote: Callable[[], Application] | None = None,
+    on_block: Callable[[BlockProgress], None] | None = None,
 ) -> Validation:
     """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them with the spec's acceptance test.
 
@@ -53,20 +75,31 @@ def validate_closed_loop(
     closed-loop run costs seconds of rendering and inference, so a failing configuration
     costs a block or two instead of the whole budget. ``threads`` is the evaluator's
     ``render_threads``.
+
+    With ``executor``, up to ``workers`` blocks (default: the executor's) run at once, each
+    on a worker that builds the application with ``remote()`` (a picklable factory; default:
+    ``evaluator`` pickled) and receives ``nns`` pickled (:class:`qaopt.executor.ShippedNN`);
+    outcomes are consumed in block order, so the result does not depend on the workers.
+    ``on_block`` sees the progress after every block.
     """
     check_method(evaluator, "evaluate_perception")
     goal, test = goal_of(spec), acceptance_of(spec)
     tolerated = acceptable_failures(test, runs)
     records: list[Mapping[str, float]] = []
     failures = 0
-    while len(records) < runs:
-        seeds = [seed_base + i for i in range(len(records), min(runs, len(records) + test.min_trials))]
-        block = evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads)
-        records += block
-        failures += sum(not goal.passes(r[goal.metric]) for r in block)
-        out_of_reach = tolerated >= 0 and failures > tolerated
-        if out_of_reach or test.decide_fixed(failures, len(records)) == Verdict.INVALID:
-            break
+    blocks = _blocks(evaluator, nns, runs, test.min_trials, seed_base, threads, executor, workers, remote)
+    try:
+        for block in blocks:
+            records += block
+            failures += sum(not goal.passes(r[goal.metric]) for r in block)
+            out_of_reach = tolerated >= 0 and failures > tolerated
+            now = test.decide_fixed(failures, len(records))
+            if on_block is not None:
+                on_block(BlockProgress(len(records), runs, failures, "invalid" if out_of_reach else now.value))
+            if out_of_reach or now == Verdict.INVALID:
+                break
+    finally:
+        blocks.close()
     verdict = test.decide_fixed(failures, len(records))
     return Validation(
         trial=trial,
@@ -79,6 +112,42 @@ def validate_closed_loop(
         qos_metric_mean=float(np.mean([r[goal.metric] for r in records])),
         **run_metrics(records, seed_base, goal),
     )
+
+
+def _blocks(
+    evaluator: Application, nns: Mapping[str, Perception], runs: int, size: int, seed_base: int, threads: int,
+    executor: Executor | None, workers: int | None, remote: Callable[[], Application] | None,
+) -> Iterator[list[Mapping[str, float]]]:
+    """Each block's records in block order; on an executor, several blocks in flight (the rest cancelled on close)."""
+    starts = list(range(0, runs, size))
+    seeds_of = [[seed_base + i for i in range(s, min(runs, s + size))] for s in starts]
+    width = (workers or workers_of(executor)) if executor is not None else 1
+    if width <= 1:
+        for seeds in seeds_of:
+            yield evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads)
+        return
+    make = remote if remote is not None else _Given(evaluator)
+    window: deque[Future] = deque()
+    submitted = 0
+    try:
+        while submitted < len(seeds_of) or window:
+            while submitted < len(seeds_of) and len(window) < width:
+                window.append(executor.submit(run_perception_block, make, dict(nns), seeds_of[submitted], threads))
+                submitted += 1
+            yield window.popleft().result()
+    finally:
+        for future in window:
+            future.cancel()
+
+
+class _Given:
+    """The application itself as the picklable factory a worker calls."""
+
+    def __init__(self, evaluator: Application):
+        self.evaluator = evaluator
+
+    def __call__(self) -> Application:
+        return self.evaluator
 
 
 def run_metrics(records: list[Mapping[str, float]], seed_base: int, goal: QoSGoal) -> dict:

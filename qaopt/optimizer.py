@@ -13,6 +13,7 @@ A short sequence of stages (:mod:`qaopt.stages` states each one's artifact and k
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from qaopt import kernels
 from qaopt.app_spec import AppSpec
 from qaopt.approx import Knobs, TargetNN
 from qaopt.calibrate import ErrorRegion
+from qaopt.executor import open_executor
 from qaopt.profiles import Profile, get_profile
 from qaopt.report import format_errors, write_report
 from qaopt.result import Configuration, Result, Speedups, StudySummary
@@ -47,6 +49,9 @@ def optimize(
     region: str | Path | None = None,
     calibration_budget: int | None = None,
     console: Console | None = None,
+    cluster: str | None = None,
+    workers: int | None = None,
+    quiet: bool = False,
 ) -> Result:
     """Optimize the application ``spec`` describes; returns what ``result.json`` holds.
 
@@ -57,23 +62,46 @@ def optimize(
     without it, the run folder's ``region.json`` is reused when it fits the spec and was
     calibrated with at least the run's budget (``calibration_budget``, else the
     profile's, else the spec's), and is otherwise calibrated, saying what it replaces.
+    ``cluster`` (a Dask scheduler's address, else the spec's ``output.cluster``) or a local
+    pool of ``workers`` processes (default: this machine's cores) runs calibration's and
+    closed-loop validation's simulator runs (:mod:`qaopt.executor`); the result is the same
+    for any number of workers. ``quiet`` shows no progress bars, only log lines.
     """
     if region is not None and calibration_budget is not None:
         raise OptimizeError("--calibration-budget sets the budget of a new calibration; with --region nothing is "
                             "calibrated: give one of them")
     spec = check_spec(spec) if isinstance(spec, AppSpec) else load_spec(spec, check_entry_points=True)
+    with open_executor(cluster=cluster, workers=workers, spec=spec) as executor:
+        return _optimize(spec, profile=profile, out=out, storage=storage, trials=trials, region=region,
+                         calibration_budget=calibration_budget, console=console, executor=executor, quiet=quiet)
+
+
+def _optimize(
+    spec: AppSpec, *, profile: str | Profile, out: str | Path | None, storage: str | None, trials: int | None,
+    region: str | Path | None, calibration_budget: int | None, console: Console | None,
+    executor: Executor | None, quiet: bool,
+) -> Result:
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
     prof = prof.model_copy(update={"trials": trials}) if trials is not None else prof
     if calibration_budget is not None:
         prof = prof.model_copy(update={"calibration_budget": calibration_budget})
-    clock = StageClock(console or Console(stderr=True))
+    clock = StageClock(console or Console(stderr=True), quiet=quiet)
     run_dir = (Path(out) if out is not None else Path(spec.output.dir)).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     # Fail fast on the storage before any expensive work.
     study_storage = open_storage(storage or spec.search.storage or f"sqlite:///{run_dir / 'study.db'}")
 
-    with clock.stage("calibration"):
-        chosen_region = calibrated_region(spec, prof.calibration_budget, run_dir, region, say=clock.console.log)
+    if executor is not None:
+        clock.console.log(f"simulator runs on {getattr(executor, 'where', type(executor).__name__)}")
+    with clock.stage("calibration", total=prof.calibration_budget or spec.calibration.budget) as bar:
+        def calibrating(step) -> None:  # a qaopt.calibrate.Progress
+            point = ", ".join(f"{k}={v:.3g}" for k, v in step.errors.items())
+            done = step.evaluation if step.observation is not None else step.evaluation - 1
+            state = step.observation.verdict.value if step.observation is not None else f"{step.trials} runs"
+            bar.update(completed=done, total=step.budget, description=f"{point}: {state}")
+
+        chosen_region = calibrated_region(spec, prof.calibration_budget, run_dir, region, say=clock.console.log,
+                                          executor=executor, progress=calibrating)
         calibrated = chosen_region.region
         if chosen_region.path != run_dir / REGION_FILE or not (run_dir / REGION_PLOT).exists():
             calibrated.plot(run_dir / REGION_PLOT)  # the report shows the run folder's plot
@@ -85,19 +113,31 @@ def optimize(
     n_trials = prof.trials or spec.search.trials
     studies: dict[str, StudySummary] = {}
     for mode in MODES:
-        with clock.stage(f"{mode} search ({n_trials} trials)"):
-            study = run_study(ctx, mode, study_storage, n_trials, on_trial=clock.console.log)
+        with clock.stage(f"{mode} search", total=n_trials) as bar:
+            started: set[str] = set()
+
+            def on_trial(message: str, _bar=bar, _started=started) -> None:
+                clock.console.log(message)
+                number = message.split(": ", 1)[0]
+                if number not in _started:
+                    _started.add(number)
+                    _bar.update(completed=max(0, len(_started) - 1), description=message)
+                else:
+                    _bar.update(description=message)
+
+            study = run_study(ctx, mode, study_storage, n_trials, on_trial=on_trial)
             studies[mode] = summarize(study, spec.search.objectives)
     reference = _as_measured(studies["aware"], reference)
 
-    with clock.stage("closed-loop validation"):
-        front = validate_front(ctx, studies["aware"].feasible_configurations(), calibrated, evidence, reference)
+    with clock.stage("closed-loop validation", total=prof.validation_runs) as bar:
+        run = dict(executor=executor, bar=bar, say=clock.console.log)
+        front = validate_front(ctx, studies["aware"].feasible_configurations(), calibrated, evidence, reference, **run)
         if front.evidence is not evidence:
             front.evidence.save(run_dir)
         agnostic = next(iter(studies["agnostic"].feasible_configurations()), None)
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
         # (free when the aware study validated the same NNs).
-        agnostic_validation = validate_configuration(ctx, agnostic) if agnostic is not None else None
+        agnostic_validation = validate_configuration(ctx, agnostic, **run) if agnostic is not None else None
 
     with clock.stage("artifacts and report"):
         aware = front.chosen

@@ -14,6 +14,7 @@ the acceptance test, the strategy or the budget reuses every run already made.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +39,27 @@ def build_calibration(
     residuals: Mapping[str, Sequence[np.ndarray]] | None = None,
     evaluator: QoSEvaluator | None = None,
     cache_dir: str | Path | None = None,
+    executor: Executor | None = None,
 ) -> Calibration:
     """The :class:`Calibration` a spec describes.
 
     ``residuals`` (NN -> residual sequences) fit the error model to real NNs; the
     ``empirical`` model without them uses the spec's reference NNs' residuals.
-    ``evaluator`` replaces the spec's simulator (tests, a custom harness).
+    ``evaluator`` replaces the spec's simulator (tests, a custom harness). ``executor``
+    (:func:`qaopt.executor.open_executor`) runs the seed blocks; a worker builds the
+    spec's simulator itself (:class:`qaopt.executor.SpecEvaluator`), or receives
+    ``evaluator`` pickled when one is given.
     """
+    from qaopt.executor import SpecEvaluator
+
     cache = Path(cache_dir) if cache_dir is not None else cache_dir_of(spec)
     models = error_models_of(spec, residuals, cache)
+    remote = SpecEvaluator(spec) if evaluator is None else None
     evaluator = evaluator if evaluator is not None else make_evaluator(spec)
     # The simulator alone keys its runs: adding a field store must not discard them.
     return Calibration(evaluator, space_of(spec), models, goal_of(spec), acceptance_of(spec), cache,
                        simulator_key(spec, evaluator), seed=spec.calibration.seed,
-                       certifier=spec.calibration.certifier)
+                       certifier=spec.calibration.certifier, executor=executor, remote_evaluator=remote)
 
 
 def calibrate_spec(

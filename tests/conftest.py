@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +14,11 @@ EXAMPLE_SPEC = REPO / "examples" / "cropfollow.yaml"
 APPS = REPO / "tests" / "apps"
 # Test applications (tests/apps/*.py) are named in specs as `module:attr` entry points.
 sys.path.insert(0, str(APPS))
+
+
+# Commands run their simulator runs in this process unless a test asks for a pool or a cluster
+# (tests/test_scale_out.py): a pool per test would cost seconds and hide monkeypatched objects.
+os.environ.setdefault("QAOPT_WORKERS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -285,7 +285,7 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
     assert region.contains(fastest.errors) and region.contains(other.errors)
     validated = []
 
-    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid, threads):
+    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid, threads, **_):
         validated.append(trial)
         fails = trial == 1
         return Validation(trial=trial, runs=runs, passes=0 if fails else runs, failures=runs if fails else 0,
@@ -315,7 +315,7 @@ def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeyp
         "trial": 1, "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-1"}) for n, c in result.reference.nns.items()}})
     validated = []
 
-    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid, threads):
+    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid, threads, **_):
         validated.append(trial)
         fails = int(trial is not None)  # the approximation fails once; the reference never
         return Validation(trial=trial, runs=runs, passes=runs - fails, failures=fails, verdict="undecided", accepted=False,

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from qaopt.spec import load_spec
 
@@ -26,6 +33,13 @@ def calibrate(
                                     "(e.g. heading,distance or heading.sigma); default: all, pairwise."),
     at: list[str] | None = typer.Option(None, "--at", help="NAME=VALUE: hold an axis that is not plotted at VALUE "
                                         "(default: its min); repeatable."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="Dask scheduler address (tcp://host:8786) whose workers run the simulator runs "
+        "(default: the spec's output.cluster, else a local process pool)."),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="Processes of the local pool (default: this machine's cores; 1 runs "
+        "everything in this process), or the most seed blocks in flight on --cluster."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, only one line per point."),
 ) -> None:
     """Inject errors into the NNs of the simulated application and map the valid error region.
 
@@ -34,8 +48,11 @@ def calibrate(
     is validated first, every entry point imported and the simulator constructed,
     so a typo is reported (file:line:column: field: ...) before any run. With
     --plot, only region.png is redrawn (e.g. with other --axes or --at levels).
+    A point's seed blocks run in parallel (--workers, --cluster); the region is the
+    same for any number of workers.
     """
     from qaopt.calibrate import Verdict  # scipy/sklearn: only when a calibration runs
+    from qaopt.executor import open_executor
     from qaopt.field.evidence import spec_evidence
     from qaopt.region_calibration import build_calibration, calibrate_spec, plot_spec_region
 
@@ -52,10 +69,14 @@ def calibrate(
     cal = build_calibration(app_spec)
     field = spec_evidence(app_spec)  # runs logged in evaluator.field.store, if the spec names one
     total = app_spec.calibration.budget if budget is None else budget
-    with Progress(
+    with open_executor(cluster=cluster, workers=workers, spec=app_spec) as executor, Progress(
         TextColumn("[bold]calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=console, transient=True,
+        TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.description}"), console=console,
+        transient=True, disable=quiet,
     ) as bar:
+        cal.use(executor)
+        if executor is not None:
+            console.print(f"simulator runs on {getattr(executor, 'where', type(executor).__name__)}")
         task = bar.add_task("", total=max(total, 1))
 
         def show(step) -> None:  # a qaopt.calibrate.Progress

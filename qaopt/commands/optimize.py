@@ -26,6 +26,14 @@ def optimize(
         None, "--calibration-budget", min=1, help="QoS evaluations of a new calibration (overrides spec and profile); "
         "a compatible region calibrated with at least this many is reused."
     ),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="Dask scheduler address (tcp://host:8786) whose workers run the simulator runs of "
+        "calibration and closed-loop validation (default: the spec's output.cluster, else a local process pool)."),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="Processes of the local pool (default: this machine's cores; 1 runs "
+        "everything in this process), or the most runs in flight on --cluster."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars, only log lines (unattended runs; "
+                               "redirect stderr to keep them in a file)."),
 ) -> None:
     """Find the fastest NN configuration that keeps the application's QoS, and validate it closed-loop.
 
@@ -37,7 +45,7 @@ def optimize(
     from qaopt.optimizer import optimize as run
 
     result = run(spec, profile=profile, out=out, storage=storage, trials=trials, region=region,
-                 calibration_budget=calibration_budget)
+                 calibration_budget=calibration_budget, cluster=cluster, workers=workers, quiet=quiet)
     s = result.speedups
     typer.echo(f"report: {result.report}")
     if result.aware is not None:

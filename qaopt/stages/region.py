@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from qaopt.app_spec import AppSpec, store
-from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence
+from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence, Progress
 from qaopt.calibrate.region import SIMULATOR
 from qaopt.field.evidence import spec_evidence
 from qaopt.region_calibration import build_calibration, calibrate_spec
@@ -109,6 +110,8 @@ def requested_budget(spec: AppSpec, budget: int | None) -> int:
 def calibrated_region(
     spec: AppSpec, budget: int | None, run_dir: Path, region_file: Path | None = None,
     say: Callable[[str], None] = lambda line: None,
+    executor: Executor | None = None,
+    progress: Callable[[Progress], None] | None = None,
 ) -> RegionChoice:
     """This spec's calibrated region: an existing compatible one, reused; else calibrated now.
 
@@ -119,10 +122,12 @@ def calibrated_region(
     quick profile never replaces it. A smaller, stale (field evidence changed) or
     incompatible one is replaced by a new calibration (simulator runs come from the
     cache), and ``say`` tells so; an incompatible one is first kept as ``region.previous.json``.
+    ``executor`` runs a new calibration's seed blocks (:mod:`qaopt.executor`); ``progress``
+    sees each of its blocks and points.
     """
     wanted = requested_budget(spec, budget)
     field_evidence = spec_evidence(spec).evidence
-    cal = build_calibration(spec)
+    cal = build_calibration(spec, executor=executor)
     if region_file is not None:
         path = Path(region_file).resolve()
         region = ErrorRegion.load(path)  # a CalibrationError names the file
@@ -168,7 +173,7 @@ def calibrated_region(
     if note:
         say(note)
     region, _ = calibrate_spec(spec, budget=calibrate_with, out=run_dir, evidence=field_evidence, calibration=cal,
-                               info={WRITER_INFO: "qaopt optimize"})
+                               info={WRITER_INFO: "qaopt optimize"}, progress=progress)
     return RegionChoice(region, path, note or f"calibrated {REGION_FILE} (budget {calibrate_with})")
 
 

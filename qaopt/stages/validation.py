@@ -7,10 +7,18 @@ fails closed-loop becomes evidence against its error point (``closed_loop.json``
 see :mod:`qaopt.stages.region`): the region this run uses is rebuilt with it, and
 by monotonicity every front configuration with errors at least as large is skipped
 without spending runs on it.
+
+The runs of a configuration go through the run's executor (:mod:`qaopt.executor`):
+its NNs are shipped to the workers by value (:class:`~qaopt.executor.ShippedNN`) and
+each worker builds the application from the spec; the verdict is the same for any
+number of workers. A :class:`~qaopt.stages.StageBar` shows the runs done of those
+planned and the verdict so far.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from qaopt.app_spec import AppSpec, content_hash, store
@@ -19,7 +27,9 @@ from qaopt.result import Configuration, Validation
 from qaopt.search import SearchContext
 from qaopt.spec_adapter import make_evaluator
 from qaopt.stages.region import ClosedLoopEvidence, ClosedLoopRun, application_key, fold
-from qaopt.closed_loop import VALIDATION_SEED_BASE, validate_closed_loop
+from qaopt.closed_loop import VALIDATION_SEED_BASE, BlockProgress, validate_closed_loop
+from qaopt.executor import ShippedNN, SpecEvaluator
+from qaopt.stages import StageBar
 
 VALIDATION_VERSION = 2
 """2: per-metric means, worst run and counts' totals; a version-1 file (every metric summed) is read as means."""
@@ -36,7 +46,8 @@ class FrontValidation:
 
 def validate_front(
     ctx: SearchContext, front: list[Configuration], calibrated: ErrorRegion, evidence: ClosedLoopEvidence,
-    reference: Configuration,
+    reference: Configuration, *, executor: Executor | None = None, bar: StageBar | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> FrontValidation:
     """Validate the fastest configurations of the aware front; the first accepted one wins.
 
@@ -44,7 +55,9 @@ def validate_front(
     to prove it), the fastest one with no failing run is chosen, unaccepted. When none
     is even that, the ``reference`` configuration is validated too, so the report can
     tell an application that fails with any approximation from one that fails anyway.
+    ``executor``, ``bar`` and ``say`` are :func:`validate_configuration`'s.
     """
+    run = dict(executor=executor, bar=bar, say=say)
     app = application_key(ctx.spec)
     region = fold(calibrated, evidence.of(app))
     validations: list[Validation] = []
@@ -54,7 +67,7 @@ def validate_front(
             break
         if not region.contains(config.errors):
             continue  # ruled out by closed-loop evidence
-        validation = validate_configuration(ctx, config)
+        validation = validate_configuration(ctx, config, **run)
         validations.append(validation)
         if validation.failures:
             grown = evidence.with_run(ClosedLoopRun(
@@ -69,26 +82,51 @@ def validate_front(
         if fallback is None and not validation.failures:
             fallback = config
     if chosen is None and fallback is None and validations:
-        validations.append(validate_configuration(ctx, reference))
+        validations.append(validate_configuration(ctx, reference, **run))
     return FrontValidation(validations, chosen or fallback, evidence)
 
 
-def validate_configuration(ctx: SearchContext, config: Configuration) -> Validation:
-    """The closed-loop validation of one configuration, read from the cache when these NNs already ran."""
+def validate_configuration(
+    ctx: SearchContext, config: Configuration, *, executor: Executor | None = None, bar: StageBar | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Validation:
+    """The closed-loop validation of one configuration, read from the cache when these NNs already ran.
+
+    ``executor`` runs its blocks of runs (``None``: in this process); ``bar`` shows the runs
+    done of those planned and the verdict so far; ``say`` gets one line with the outcome.
+    """
     spec, prof = ctx.spec, ctx.profile
     key = content_hash("validation", _candidates(config), prof.validation_runs, spec.content_hash("evaluator", "qos"),
                        VALIDATION_SEED_BASE)
     path = ctx.cache_dir / "optimize" / "validation" / f"{key}.json"
     labels = {"trial": config.trial, "region_predicted_valid": config.in_region}
+    name = "reference" if config.trial is None else f"trial {config.trial}"
     cached = store.read_model(path, Validation, VALIDATION_VERSION) or _read_version_1(path)
     if cached is not None:  # the same NNs validated by an earlier run or study: only the labels are this run's
+        if say:
+            say(f"{name}: {cached.verdict} after {cached.runs} runs, {cached.failures} failed (cached)")
         return cached.model_copy(update=labels)
     candidates = {n: ctx.build(n, c.knobs) for n, c in config.nns.items()}
+    if bar is not None:
+        bar.reset(prof.validation_runs, f"{name}: 0/{prof.validation_runs} runs")
+
+    def show(step: BlockProgress) -> None:
+        if bar is not None:
+            bar.update(completed=step.runs, description=f"{name}: {step.runs}/{step.planned} runs, "
+                                                        f"{step.failures} failed, {step.verdict}")
+
+    if executor is None:
+        nns, parallel = {n: c.predict for n, c in candidates.items()}, {}
+    else:
+        nns = {n: ShippedNN(c) for n, c in candidates.items()}
+        parallel = {"executor": executor, "remote": SpecEvaluator(spec)}
     validation = validate_closed_loop(
-        make_evaluator(spec), {n: c.predict for n, c in candidates.items()}, spec, prof.validation_runs,
-        threads=ctx.target.threads or 1, **labels,
+        make_evaluator(spec), nns, spec, prof.validation_runs,
+        threads=(ctx.target.threads or 1) if executor is None else 1, on_block=show, **parallel, **labels,
     )
     store.write_model(path, validation, VALIDATION_VERSION)
+    if say:
+        say(f"{name}: {validation.verdict} after {validation.runs} runs, {validation.failures} failed")
     return validation
 
 

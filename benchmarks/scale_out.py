@@ -1,0 +1,132 @@
+"""Scale out (issue #18): closed-loop validation and a calibration with 1, 4, 8 and 16 workers.
+
+    .venv/bin/python benchmarks/scale_out.py [--workers 1,4,8,16] [--runs 48] [--length 100]
+                                             [--budget 20] [--skip-calibration] [--out docs/benchmarks/scale_out.json]
+
+Validation: the shipped example's reference NNs (heading and distance) drive CropFollow
+closed-loop for ``--runs`` seeded runs of ``--length`` metres, through
+:func:`qaopt.closed_loop.validate_closed_loop`, on a local process pool of each size
+(one worker: in this process, torch on one thread). The NNs are shipped to the workers by
+value (:class:`qaopt.executor.ShippedNN`); each worker builds the simulator from the spec.
+Calibration: the example's calibration (``--budget`` evaluations, its strategy and error
+model) with a fresh trial cache for each worker count, so every run is simulated.
+
+Writes ``{"validation": {"1": s, ...}, "calibration": {...}, "same_verdicts": bool, ...}``
+with the machine, the sizes and each run's verdicts, and prints a markdown table. The
+wall times include starting the pool (spawned processes import torch and the simulator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def validation_once(spec, workers: int, runs: int) -> tuple[float, dict]:
+    import torch
+
+    from qaopt.app_spec import load_entry_point
+    from qaopt.closed_loop import validate_closed_loop
+    from qaopt.executor import LocalPool, ShippedNN, SpecEvaluator
+    from qaopt.spec_adapter import make_evaluator
+
+    torch.set_num_threads(1)
+    nns = {}
+    for name, nn in spec.nns.items():
+        module = load_entry_point(nn.model)(**nn.args).eval()
+        nns[name] = ShippedNN(SimpleNamespace(key=name, module=module, onnx_path=None))
+    start = time.perf_counter()
+    if workers == 1:
+        v = validate_closed_loop(make_evaluator(spec), nns, spec, runs, trial=None, region_predicted_valid=True)
+    else:
+        with LocalPool(workers) as pool:
+            v = validate_closed_loop(make_evaluator(spec), nns, spec, runs, trial=None, region_predicted_valid=True,
+                                     executor=pool, remote=SpecEvaluator(spec))
+    seconds = time.perf_counter() - start
+    return seconds, {"runs": v.runs, "failures": v.failures, "verdict": v.verdict}
+
+
+def calibration_once(spec, workers: int, budget: int) -> tuple[float, dict]:
+    from qaopt.executor import LocalPool
+    from qaopt.region_calibration import build_calibration
+
+    with tempfile.TemporaryDirectory() as cache:
+        cal = build_calibration(spec, cache_dir=cache)
+        start = time.perf_counter()
+        if workers == 1:
+            region = cal.search(spec.calibration.strategy, budget, runs=spec.calibration.runs)
+        else:
+            with LocalPool(workers) as pool:
+                cal.use(pool)
+                region = cal.search(spec.calibration.strategy, budget, runs=spec.calibration.runs)
+        seconds = time.perf_counter() - start
+    points = [[o.errors, o.passes, o.failures, o.verdict.value] for o in region.observations]
+    return seconds, {"evaluations": region.evaluations, "runs": region.trials, "points": points}
+
+
+def write(path: str, result: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default=str(REPO / "examples" / "cropfollow.yaml"))
+    ap.add_argument("--workers", default="1,4,8,16")
+    ap.add_argument("--runs", type=int, default=48, help="closed-loop validation runs")
+    ap.add_argument("--length", type=float, default=100.0, help="metres per validation run (calibration: the spec's)")
+    ap.add_argument("--budget", type=int, default=20, help="calibration evaluations")
+    ap.add_argument("--skip-calibration", action="store_true")
+    ap.add_argument("--skip-validation", action="store_true")
+    ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "scale_out.json"))
+    args = ap.parse_args()
+
+    from qaopt.spec import load_spec
+
+    spec = load_spec(args.spec)
+    sim = spec.evaluator.simulator
+    sim = sim.model_copy(update={"params": {**sim.params, "run_length_m": args.length}})
+    short = spec.model_copy(update={"evaluator": spec.evaluator.model_copy(update={"simulator": sim})})
+    counts = [int(w) for w in args.workers.split(",")]
+    result: dict = {"validation": {}, "calibration": {}, "details": {"validation": {}, "calibration": {}},
+                    "machine": f"{platform.machine()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
+                               f"{platform.python_implementation()} {platform.python_version()}",
+                    "load_average_at_start": round(os.getloadavg()[0], 2),
+                    "sizes": {"validation_runs": args.runs, "run_length_m": args.length,
+                              "calibration_budget": args.budget, "calibration_run_length_m": spec.evaluator.simulator.params.get("run_length_m")}}
+    for w in counts:
+        if not args.skip_validation:
+            s, d = validation_once(short, w, args.runs)
+            result["validation"][str(w)] = round(s, 2)
+            result["details"]["validation"][str(w)] = d
+            print(f"validation, {w} worker(s): {s:.1f} s, {d}", flush=True)
+        if not args.skip_calibration:
+            s, d = calibration_once(spec, w, args.budget)
+            result["calibration"][str(w)] = round(s, 2)
+            result["details"]["calibration"][str(w)] = d
+            print(f"calibration, {w} worker(s): {s:.1f} s, {d['evaluations']} evaluations, {d['runs']} runs", flush=True)
+        write(args.out, result)  # after each count: a run cut short keeps what it measured
+    same = all(len({json.dumps(d, sort_keys=True) for d in result["details"][k].values()}) <= 1
+               for k in ("validation", "calibration"))
+    result["same_verdicts"] = same
+    result["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    write(args.out, result)
+    print("\n| workers | validation s | speedup | calibration s | speedup |\n|---|---|---|---|---|")
+    v1, c1 = result["validation"].get(str(counts[0])), result["calibration"].get(str(counts[0]))
+    for w in counts:
+        v, c = result["validation"].get(str(w)), result["calibration"].get(str(w))
+        print(f"| {w} | {v if v is not None else '-'} | {f'{v1 / v:.2f}x' if v and v1 else '-'} | "
+              f"{c if c is not None else '-'} | {f'{c1 / c:.2f}x' if c and c1 else '-'} |")
+    print(f"same verdicts and region for every worker count: {same}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

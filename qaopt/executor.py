@@ -1,0 +1,394 @@
+"""One executor for independent runs: a local process pool, or a Dask cluster when given its address.
+
+Calibration's seed blocks and closed-loop validation's blocks are independent runs:
+each is a pure function of the application, what is injected (or which NNs drive)
+and the seeds. They go through a :class:`concurrent.futures.Executor`:
+
+- :class:`LocalPool`: processes on this machine (``--workers N``; default: the cores
+  this process may use), started with ``spawn`` so a worker never inherits a parent's
+  OpenMP or torch thread state. A worker that dies mid-task (killed, out of memory)
+  breaks a stdlib pool; this one starts a new pool and runs the lost tasks again.
+- :class:`ClusterExecutor`: a Dask ``distributed.Client`` connected to a scheduler
+  (``--cluster tcp://host:8786`` or the spec's ``output.cluster``). The scheduler
+  re-runs a task whose worker was lost. Connecting fails fast with the reason when the
+  scheduler cannot be reached, and checks that every worker imports qaopt and the
+  application's modules, naming the module a worker lacks.
+
+Results never depend on which worker ran what or in which order: the callers
+(:meth:`qaopt.calibrate.Calibration.evaluate`, :func:`qaopt.closed_loop.validate_closed_loop`)
+dispatch whole seed blocks and consume their outcomes in block order.
+
+Measurement stays out of the pools: candidates are timed in the process that runs
+the search, under the target's device lock (:func:`qaopt.kernels.device_lock`).
+Every task of either executor waits for that lock to be free before it starts
+(:class:`Gated`), so no new run starts on a machine while a measurement holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from qaopt.app_spec import AppSpec, QaoptError
+
+WORKERS_ENV = "QAOPT_WORKERS"
+"""Overrides the default size of the local pool (``1``: everything runs in this process, no pool)."""
+CONNECT_TIMEOUT_ENV = "QAOPT_CLUSTER_TIMEOUT"
+"""Seconds to wait for a Dask scheduler (and its first worker) before giving up; default 10."""
+
+
+def connect_timeout() -> float:
+    try:
+        return max(0.5, float(os.environ.get(CONNECT_TIMEOUT_ENV, "") or 10.0))
+    except ValueError:
+        return 10.0
+
+
+class ExecutorError(QaoptError):
+    """The cluster cannot be reached or used, or a worker cannot run the application."""
+
+
+# --------------------------------------------------------------------------- sizing
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """The local pool's size: ``$QAOPT_WORKERS``, else this process's cores."""
+    text = os.environ.get(WORKERS_ENV, "").strip()
+    if text:
+        try:
+            n = int(text)
+        except ValueError:
+            raise ExecutorError(f"${WORKERS_ENV}={text!r}: give a whole number of workers, at least 1") from None
+        if n < 1:
+            raise ExecutorError(f"${WORKERS_ENV}={text!r}: give a whole number of workers, at least 1")
+        return n
+    return machine_cores()
+
+
+# --------------------------------------------------------------------------- the device lock
+
+
+class Gated:
+    """``fn`` run only once the device lock ``device_key`` is free: no run starts while a measurement holds it."""
+
+    def __init__(self, fn: Callable[..., Any], device_key: str | None):
+        self.fn, self.device_key = fn, device_key
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.device_key:
+            from qaopt.kernels.measure import device_lock
+
+            with device_lock(self.device_key):
+                pass
+        return self.fn(*args, **kwargs)
+
+
+def _init_worker() -> None:
+    """One thread per worker for torch, OpenMP and numba: the pool's processes are the parallelism."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
+# --------------------------------------------------------------------------- local pool
+
+
+class LocalPool(Executor):
+    """A process pool on this machine whose tasks survive a worker's death (``retries`` times each)."""
+
+    def __init__(self, workers: int, device_key: str | None = None, retries: int = 2):
+        if workers < 1:
+            raise ExecutorError(f"--workers {workers}: give at least 1")
+        self.workers, self.device_key, self.retries = workers, device_key, retries
+        self.where = f"local pool of {workers} worker(s)"
+        self._lock = threading.Lock()
+        self._pool = self._new_pool()
+        self._closed = False
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_worker)
+
+    def _renew(self, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
+        """A working pool in place of ``broken`` (once, whichever task noticed first)."""
+        with self._lock:
+            if self._pool is broken and not self._closed:
+                broken.shutdown(wait=False, cancel_futures=True)
+                self._pool = self._new_pool()
+            return self._pool
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        outer: Future = Future()
+        self._launch(outer, Gated(fn, self.device_key), args, kwargs, self.retries)
+        return outer
+
+    def _launch(self, outer: Future, fn: Callable, args: tuple, kwargs: dict, left: int) -> None:
+        pool = self._pool
+        try:
+            inner = pool.submit(fn, *args, **kwargs)
+        except BrokenProcessPool:
+            inner = self._renew(pool).submit(fn, *args, **kwargs)
+        except RuntimeError as exc:  # shut down meanwhile
+            outer.set_exception(exc)
+            return
+
+        def done(f: Future) -> None:
+            if outer.done():
+                return
+            if f.cancelled():
+                outer.cancel()
+                return
+            exc = f.exception()
+            if isinstance(exc, BrokenProcessPool) and left > 0 and not self._closed:
+                self._renew(pool)  # a worker died: its task (and every other task of that pool) runs again
+                self._launch(outer, fn, args, kwargs, left - 1)
+            elif exc is not None:
+                outer.set_exception(exc)
+            else:
+                outer.set_result(f.result())
+
+        outer.add_done_callback(lambda o: inner.cancel() if o.cancelled() else None)
+        inner.add_done_callback(done)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            pool = self._pool
+        pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+# --------------------------------------------------------------------------- Dask
+
+
+class ClusterExecutor(Executor):
+    """Tasks on a Dask cluster through ``distributed.Client``; a lost worker's tasks are run again by the scheduler."""
+
+    def __init__(self, address: str, *, spec: AppSpec | None = None, device_key: str | None = None,
+                 timeout: float | None = None, workers: int | None = None):
+        try:
+            from distributed import Client
+        except ImportError as exc:
+            raise ExecutorError(f"--cluster {address}: the Dask client is not installed ({exc}); "
+                                "pip install 'dask[distributed]'") from None
+        self.address, self.device_key = address, device_key
+        timeout = connect_timeout() if timeout is None else timeout
+        try:
+            self.client = Client(address, timeout=timeout, set_as_default=False)
+        except Exception as exc:  # noqa: BLE001 - OSError, TimeoutError, ValueError for a bad address, ...
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExecutorError(f"--cluster {address}: cannot reach the Dask scheduler: {reason}") from None
+        try:
+            info = self.client.scheduler_info()
+            if not info.get("workers"):
+                self.client.wait_for_workers(1, timeout=timeout)
+                info = self.client.scheduler_info()
+            threads = sum(int(w.get("nthreads", 1)) for w in info["workers"].values())
+            self.workers = min(workers, threads) if workers else threads
+            check_workers(self.client, spec)
+        except ExecutorError:
+            self.client.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - no worker came, the scheduler went away
+            self.client.close()
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExecutorError(f"--cluster {address}: the cluster has no usable worker: {reason}") from None
+        self.where = f"Dask cluster {address} ({self.workers} worker thread(s))"
+        self._executor = self.client.get_executor(pure=False)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        return self._executor.submit(Gated(fn, self.device_key), *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        try:
+            self._executor.shutdown(wait=wait)
+        finally:
+            self.client.close()
+
+
+def application_modules(spec: AppSpec | None) -> list[str]:
+    """The modules a worker must import to run ``spec``'s application: its plugins and its simulator's module."""
+    if spec is None:
+        return []
+    modules = list(spec.plugins)
+    sim = spec.evaluator.simulator
+    if sim is not None and sim.entry_point:
+        modules.append(sim.entry_point.split(":", 1)[0])
+    return modules
+
+
+def _probe_code(module: str, folder: str | None) -> str:
+    """Source run on a worker (by the stdlib's ``exec``, which any worker can unpickle): import ``module``."""
+    path = f"import sys\nsys.path.insert(0, {folder!r}) if {folder!r} not in sys.path else None\n" if folder else ""
+    return f"{path}import importlib\nimportlib.import_module({module!r})\n"
+
+
+def check_workers(client: Any, spec: AppSpec | None) -> None:
+    """Every worker imports qaopt and the application's modules, else an error naming the worker and the module."""
+    folder = str(Path(spec.source).resolve().parent) if spec is not None and spec.source else None
+    for module in ["qaopt", "qaopt.executor", *application_modules(spec)]:
+        answers = client.run(exec, _probe_code(module, folder), {}, on_error="return")
+        for worker, answer in sorted(answers.items()):
+            if isinstance(answer, BaseException):
+                raise ExecutorError(_worker_problem(worker, module, answer))
+
+
+def _worker_problem(worker: str, module: str, exc: BaseException) -> str:
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing:
+        return (f"worker {worker} cannot import {module!r}: it lacks the module {missing!r}; install qaopt and the "
+                f"application's package on every worker (same versions as here)")
+    return f"worker {worker} cannot import {module!r}: {type(exc).__name__}: {exc}"
+
+
+# --------------------------------------------------------------------------- choosing one
+
+
+@contextlib.contextmanager
+def open_executor(
+    *, cluster: str | None = None, workers: int | None = None, spec: AppSpec | None = None,
+    device_key: str | None = None,
+) -> Iterator[Executor | None]:
+    """The executor a command runs its independent runs on; ``None`` when one worker suffices (run in-process).
+
+    ``cluster`` (else the spec's ``output.cluster``) is a Dask scheduler's address; ``workers``
+    caps the runs in flight on it. Without a cluster, a local pool of ``workers`` processes
+    (default :func:`default_workers`); one worker runs in this process, as before pools existed.
+    Every task waits for the device lock ``device_key`` (default: the spec's target's,
+    :func:`lock_key`) before it starts.
+    """
+    address = cluster or (getattr(spec.output, "cluster", None) if spec is not None else None)
+    if device_key is None and spec is not None:
+        device_key = lock_key(spec)
+    if workers is not None and workers < 1:
+        raise ExecutorError(f"--workers {workers}: give at least 1")
+    if address:
+        ex: Executor = ClusterExecutor(address, spec=spec, device_key=device_key, workers=workers)
+    else:
+        n = workers if workers is not None else default_workers()
+        if n == 1:
+            yield None
+            return
+        ex = LocalPool(n, device_key=device_key)
+    try:
+        yield ex
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
+
+
+def lock_key(spec: AppSpec) -> str | None:
+    """The device lock pool tasks wait for: the spec's target's, when it is this machine's (not a remote one)."""
+    from qaopt import kernels
+
+    target = kernels.Target.from_spec(spec.target)
+    return None if target.device == "rpc" else target.device_key
+
+
+def workers_of(executor: Executor | None) -> int:
+    """How many tasks ``executor`` runs at once (1 for none)."""
+    if executor is None:
+        return 1
+    return int(getattr(executor, "workers", None) or getattr(executor, "_max_workers", None) or 1)
+
+
+# --------------------------------------------------------------------------- what workers run
+
+
+_EVALUATORS: dict[str, Any] = {}
+
+
+class SpecEvaluator:
+    """Builds a spec's application on a worker (once per process): ships as the spec, not as the simulator.
+
+    A worker that lacks the application's package (or qaopt's dependencies) raises
+    :class:`ExecutorError` naming the module and the worker.
+    """
+
+    def __init__(self, spec: AppSpec):
+        self.spec = spec
+        self.key = spec.content_hash("evaluator")
+
+    def __call__(self) -> Any:
+        evaluator = _EVALUATORS.get(self.key)
+        if evaluator is None:
+            from qaopt.app_spec.entrypoints import add_import_path
+            from qaopt.spec_adapter import make_evaluator
+
+            if self.spec.source:
+                add_import_path(Path(self.spec.source).resolve().parent)
+            try:
+                evaluator = make_evaluator(self.spec)
+            except Exception as exc:  # noqa: BLE001 - find the module a worker lacks in the chain of causes
+                missing = _missing_module(exc)
+                if missing is None:
+                    raise
+                raise ExecutorError(
+                    f"worker {socket.gethostname()} (pid {os.getpid()}) cannot build the application "
+                    f"{self.spec.evaluator.simulator.entry_point!r}: it lacks the module {missing!r}; install the "
+                    "application's package on every worker") from None
+            _EVALUATORS[self.key] = evaluator
+        return evaluator
+
+
+def _missing_module(exc: BaseException | None) -> str | None:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            return exc.name
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+class ShippedNN:
+    """A candidate NN as a picklable perception callable: its torch module, or its int8 ONNX file's bytes.
+
+    Built from a :class:`qaopt.approx.Candidate` here and sent to workers by value, so
+    they need no shared cache to run it. Its ONNX Runtime session is opened on first
+    call in the worker, with one thread.
+    """
+
+    def __init__(self, candidate: Any):
+        self.key = candidate.key
+        self.module = candidate.module if candidate.onnx_path is None else None
+        self.onnx = Path(candidate.onnx_path).read_bytes() if candidate.onnx_path is not None else None
+        self._session = None
+
+    def __getstate__(self) -> dict:
+        return {"key": self.key, "module": self.module, "onnx": self.onnx, "_session": None}
+
+    def __call__(self, x: Any) -> Any:
+        from qaopt.approx.quantize import predict_onnx, predict_torch
+
+        if self.onnx is None:
+            return predict_torch(self.module, x)
+        if self._session is None:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+            self._session = ort.InferenceSession(self.onnx, opts, providers=["CPUExecutionProvider"])
+        return predict_onnx(self._session, x)
+
+
+def run_perception_block(make: Callable[[], Any], nns: Mapping[str, Callable], seeds: Sequence[int],
+                         render_threads: int = 1) -> list[dict[str, float]]:
+    """One closed-loop validation block on a worker: the application built there, the NNs shipped to it."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    return make().evaluate_perception(dict(nns), list(seeds), render_threads=render_threads)

@@ -1,0 +1,260 @@
+"""Scale out (issue #18): seed blocks on a process pool or a Dask cluster give the serial result.
+
+The Dask tests start a real cluster: a scheduler and a nanny with two worker processes,
+each its own process, as a user would on several machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from qaopt.app_spec import load
+from qaopt.calibrate import AcceptanceTest, Axis, Calibration, ErrorSpace, Gaussian, QoSGoal
+from qaopt.calibrate.synthetic import SuperellipseApp
+from qaopt.closed_loop import validate_closed_loop
+from qaopt.executor import ClusterExecutor, ExecutorError, LocalPool, open_executor
+
+APPS = Path(__file__).resolve().parent / "apps"
+sys.path.insert(0, str(APPS))
+
+from flaky import DIE_MARKER, ScriptedPerceptionApp, killed_once  # noqa: E402
+
+SPEC = """
+app: {name: flaky}
+evaluator:
+  simulator:
+    entry_point: flaky:FlakyApp
+    params: {limits: {heading: 10.0, distance: 0.1}, steps: 100}
+qos:
+  metric: failed
+  max: 0.0
+  acceptance: {max_failure_rate: 0.05, confidence: 0.9, min_trials: 8, max_trials: 96}
+nns:
+  heading:
+    model: qaopt.simulators.cropfollow:reference_nn
+    input_shape: [1, 3, 240, 320]
+    outputs: [{name: heading, unit: deg}]
+    error_metric: {kind: l1, output: heading}
+    data: {source: qaopt.simulators.cropfollow:reference_dataset}
+  distance:
+    model: qaopt.simulators.cropfollow:reference_nn
+    input_shape: [1, 3, 240, 320]
+    outputs: [{name: distance, unit: ratio}]
+    error_metric: {kind: l1, output: distance}
+    data: {source: qaopt.simulators.cropfollow:reference_dataset}
+calibration:
+  strategy: monotone
+  certifier: per-point  # the sequential per-point verdicts are what must not depend on the workers
+  budget: 5
+  space:
+    - {nn: heading, max: 15.0}
+    - {nn: distance, max: 0.15}
+output: {dir: runs, cache_dir: cache}
+"""
+
+
+class ShuffledApp(SuperellipseApp):
+    """Blocks finish in a scrambled order (random sleeps): the verdicts must not notice."""
+
+    def evaluate(self, injectors, seeds):
+        time.sleep(random.random() * 0.01)
+        return super().evaluate(injectors, seeds)
+
+
+def _calibration(cache: Path, executor=None, app=None) -> Calibration:
+    app = app or ShuffledApp({"a": 1.0, "b": 1.0}, steps=60)
+    return Calibration(app, ErrorSpace([Axis("a", 2.0), Axis("b", 2.0)]), {"a": Gaussian(), "b": Gaussian()},
+                       QoSGoal("failed", max=0.0), AcceptanceTest(0.05, 0.9, 8, 96, block=8), cache, "app",
+                       executor=executor)
+
+
+def _points(region) -> list:
+    return [(o.errors, o.passes, o.failures, o.verdict) for o in region.observations]
+
+
+def test_calibration_gives_the_serial_region_for_any_number_of_workers(tmp_path):
+    serial = _calibration(tmp_path / "serial").search("monotone", 6)
+    for workers in (2, 5):
+        with ThreadPoolExecutor(workers) as ex:
+            cal = _calibration(tmp_path / f"w{workers}", ex)
+            assert cal.workers == workers
+            region = cal.search("monotone", 6)
+        assert _points(region) == _points(serial)
+        assert region.to_json() == serial.to_json()
+
+
+def test_speculative_blocks_are_cached_and_reused(tmp_path):
+    with ThreadPoolExecutor(4) as ex:
+        first = _calibration(tmp_path, ex).search("monotone", 4)
+    runs = len(list((tmp_path / "calibrate" / "trials").rglob("*.json")))
+    assert runs * 8 >= first.trials  # every counted block is cached, and some past the decisions too
+    app = ShuffledApp({"a": 1.0, "b": 1.0}, steps=60)
+    again = _calibration(tmp_path, app=app).search("monotone", 4)
+    assert app.calls == 0 and _points(again) == _points(first)
+
+
+def test_local_pool_gives_the_serial_region(tmp_path):
+    serial = _calibration(tmp_path / "serial", app=SuperellipseApp({"a": 1.0, "b": 1.0}, steps=60)).search("monotone", 5)
+    with LocalPool(2) as pool:
+        region = _calibration(tmp_path / "pool", pool, SuperellipseApp({"a": 1.0, "b": 1.0}, steps=60)).search(
+            "monotone", 5)
+    assert region.to_json() == serial.to_json()
+
+
+def test_local_pool_runs_a_killed_workers_task_again(tmp_path):
+    with LocalPool(2) as pool:
+        futures = [pool.submit(killed_once, str(tmp_path / "marker"), 7)] + [
+            pool.submit(pow, 2, i) for i in range(6)]
+        assert [f.result(timeout=60) for f in futures] == [7, 1, 2, 4, 8, 16, 32]
+
+
+def _validation_spec():
+    spec = load(APPS / "tiny.yaml")
+    acceptance = spec.qos.acceptance.model_copy(update={"max_failure_rate": 0.05, "confidence": 0.9})
+    return spec.model_copy(update={"qos": spec.qos.model_copy(update={"metric": "errors", "max": 0.0,
+                                                                       "acceptance": acceptance})})
+
+
+@pytest.mark.parametrize("failing", [(), (112,), (100, 140)])
+def test_validation_gives_the_serial_verdict_for_any_number_of_workers(failing):
+    spec, app = _validation_spec(), ScriptedPerceptionApp(failing)
+    nns = {"a": len, "b": len}
+    seen = []
+    serial = validate_closed_loop(app, nns, spec, 48, trial=1, region_predicted_valid=True, seed_base=100)
+    for workers in (2, 6):
+        with ThreadPoolExecutor(workers) as ex:
+            v = validate_closed_loop(app, nns, spec, 48, trial=1, region_predicted_valid=True, seed_base=100,
+                                     executor=ex, on_block=seen.append)
+        assert v == serial
+    assert seen[-1].runs == serial.runs and seen[-1].planned == 48 and seen[-1].failures == serial.failures
+
+
+def test_bad_worker_counts_and_unreachable_cluster_fail_fast(monkeypatch):
+    with pytest.raises(ExecutorError, match="at least 1"):
+        with open_executor(workers=0):
+            pass
+    monkeypatch.setenv("QAOPT_WORKERS", "many")
+    with pytest.raises(ExecutorError, match="QAOPT_WORKERS"):
+        with open_executor():
+            pass
+    monkeypatch.setenv("QAOPT_CLUSTER_TIMEOUT", "2")
+    start = time.monotonic()
+    with pytest.raises(ExecutorError, match=r"--cluster tcp://127.0.0.1:\d+: cannot reach the Dask scheduler"):
+        with open_executor(cluster=f"tcp://127.0.0.1:{_free_port()}"):
+            pass
+    assert time.monotonic() - start < 15
+
+
+# --------------------------------------------------------------------------- a real Dask cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A scheduler and a nanny with two single-threaded workers, as separate processes; yields its address."""
+    pytest.importorskip("distributed")
+    from distributed import Client
+
+    marker = tmp_path_factory.mktemp("die") / "worker-died"
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+           DIE_MARKER: str(marker), "QAOPT_WORKERS": "1"}
+    common = ["--no-dashboard"]
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                               "--port", str(port), *common], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    try:
+        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", "2",
+                                       "--nthreads", "1", *common], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=90)
+        yield address, marker
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _region(folder: Path) -> dict:
+    data = json.loads((folder / "region.json").read_text())
+    data["info"].pop("spec", None)
+    return data
+
+
+def test_cluster_calibration_survives_a_killed_worker_and_matches_the_local_runs(cluster, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from qaopt.cli import app
+
+    address, marker = cluster
+    spec = tmp_path / "app.yaml"
+    spec.write_text(textwrap.dedent(SPEC))
+    runner = CliRunner()
+    results = {}
+    for name, options in {"serial": ["--workers", "1"], "cluster": ["--cluster", address]}.items():
+        monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / f"cache-{name}"))  # no run is shared between them
+        out = tmp_path / name
+        result = runner.invoke(app, ["calibrate", str(spec), "--out", str(out), "--quiet", *options])
+        assert result.exit_code == 0, result.output
+        results[name] = _region(out)
+    assert marker.exists()  # a worker was killed in the middle of a block ...
+    assert results["cluster"] == results["serial"]  # ... and the region is the same
+
+
+def test_cluster_validation_matches_the_local_runs(cluster):
+    address, _ = cluster
+    spec, app = _validation_spec(), ScriptedPerceptionApp((130,))
+    nns = {"a": len, "b": len}
+    serial = validate_closed_loop(app, nns, spec, 48, trial=3, region_predicted_valid=True, seed_base=100)
+    with open_executor(cluster=address) as ex:
+        assert isinstance(ex, ClusterExecutor) and ex.workers == 2
+        v = validate_closed_loop(app, nns, spec, 48, trial=3, region_predicted_valid=True, seed_base=100, executor=ex)
+    assert v == serial and v.failures == 1
+
+
+def test_a_worker_lacking_the_application_is_named(cluster, tmp_path, monkeypatch):
+    address, _ = cluster
+    here = tmp_path / "only_here"
+    here.mkdir()
+    (here / "localonly_app.py").write_text("from flaky import FlakyApp as App\n")
+    monkeypatch.syspath_prepend(str(here))
+    (tmp_path / "spec").mkdir()
+    path = tmp_path / "spec" / "app.yaml"
+    path.write_text(textwrap.dedent(SPEC).replace("flaky:FlakyApp", "localonly_app:App"))
+    with pytest.raises(ExecutorError, match=r"worker tcp://.* lacks the module 'localonly_app'"):
+        ClusterExecutor(address, spec=load(path))
+
+
+def test_optimize_command_fails_fast_on_an_unreachable_cluster(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from qaopt.cli import app
+
+    monkeypatch.setenv("QAOPT_CLUSTER_TIMEOUT", "1")
+    spec = Path(__file__).resolve().parents[1] / "examples" / "cropfollow.yaml"
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    result = CliRunner().invoke(app, ["optimize", str(spec), "--out", str(tmp_path), "--cluster", address])
+    assert isinstance(result.exception, ExecutorError)  # the `qaopt` runner prints it as one line, exit 2
+    assert f"--cluster {address}: cannot reach the Dask scheduler" in str(result.exception)

@@ -89,6 +89,10 @@ def calibrate(
             mark = {Verdict.VALID: "[green]valid", Verdict.INVALID: "[red]invalid",
                     Verdict.UNDECIDED: "[yellow]undecided", Verdict.FAILED: "[magenta]failed"}[ob.verdict]
             detail = f" ({ob.message})" if ob.message else ""
+            if cal.certifier == "pooled" and ob.verdict is not Verdict.FAILED and step.evaluation > 1:
+                # the pooled model judges the region from all runs: a point's own verdict would mislead
+                console.print(f"{step.evaluation:>3}. {point}: {ob.failures} of {ob.trials} runs failed")
+                return
             console.print(f"{step.evaluation:>3}. {point}: {mark}[/] after {ob.trials} runs, "
                           f"{ob.failures} failed{detail}")
 

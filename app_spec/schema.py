@@ -258,6 +258,19 @@ class Axis(Section):
         return axis_name(self.nn, self.component)
 
 
+class ErrorDataSpec(Section):
+    """Where each NN's error is measured: the frames that give a candidate its point in the error space."""
+
+    source: Literal["auto", "on-policy", "dataset"] = Field("auto", description=(
+        "on-policy: drives steered by the reference NNs in the simulator's loop, recorded once and cached (the "
+        "frames the application really sees); dataset: the validation split of each NN's data; auto: on-policy "
+        "when the simulator can record drives (record_perception), else dataset"))
+    drives: Count(10_000, "drives", "recording that many drives would take hours") = Field(16, description=(
+        "on-policy drives (one seed each)"))
+    steps: Count(100_000, "steps", "a drive that long would not fit in memory") = Field(100, ge=2, description=(
+        "perception steps per on-policy drive"))
+
+
 class CalibrationSpec(Section):
     strategy: Literal["boundary", "bisect", "monotone", "active"] = Field("boundary", description=(
         "how the next point (and, for boundary, its number of runs) is chosen"))
@@ -269,7 +282,8 @@ class CalibrationSpec(Section):
         None, description="at most this many simulator runs in all (default: no limit beyond the budget)")
     seed: int = Field(0, ge=0, lt=2**32, description=(
         "seeds the calibration's runs: each point draws its own seeds from it; 0 <= seed < 2**32"))
-    error_model: Literal["gaussian", "ar1", "empirical"] = "gaussian"
+    error_model: Literal["gaussian", "ar1", "empirical", "shaped"] = "gaussian"
+    error_data: ErrorDataSpec = Field(default_factory=ErrorDataSpec)
     space: list[Axis] = Field(min_length=1, max_length=32)
 
     @model_validator(mode="after")
@@ -346,11 +360,33 @@ class TargetSpec(Section):
         return self
 
 
+MAX_CHECKS_PER_ROUND = 100
+"""Upper bound of ``search.closed_loop.configurations``: a front rarely holds more, and each costs a block of runs."""
+
+
+class ClosedLoopChecksSpec(Section):
+    """Closed-loop checks during the application-aware search (see docs/calibration.md).
+
+    Real approximated NNs run the application where the region is least sure of a
+    configuration that may become the result; a failure corrects the region for the
+    trials that follow.
+    """
+
+    every: int = Field(10, ge=0, le=100_000, description=(
+        "after every this many completed trials of the application-aware study, check the front's unchecked "
+        "configurations closed-loop; 0: no checks during the search (validation still runs after it)"))
+    configurations: int = Field(2, ge=1, le=MAX_CHECKS_PER_ROUND, description=(
+        "at most this many configurations per round: feasible ones on the current Pareto front that were not "
+        "checked yet, nearest the region's boundary first; each costs qos.acceptance.min_trials closed-loop runs"))
+
+
 class SearchSpec(Section):
     trials: Count(100_000, "trials", "each builds, fine-tunes and measures a candidate NN") = 40
     objectives: list[Literal["latency", "memory"]] = Field(default_factory=lambda: ["latency", "memory"], min_length=1)
     storage: DatabaseURL | None = None
     seed: int = Field(0, ge=0, lt=2**32, description="seeds Optuna's sampler: 0 <= seed < 2**32")
+    closed_loop: ClosedLoopChecksSpec = Field(default_factory=ClosedLoopChecksSpec, description=(
+        "closed-loop checks with the real NNs during the search, correcting the region as it goes"))
 
 
 class OutputSpec(Section):

@@ -49,6 +49,20 @@ class Candidate:
     def dtype(self) -> str:
         return self.knobs.dtype
 
+    @property
+    def nonfinite_outputs(self) -> str | None:
+        """``"NaN"`` or ``"inf"`` when the candidate's outputs on its validation data hold such values, else ``None``.
+
+        A fine-tuning that diverged or a dtype that overflows makes them; the error metric of
+        such outputs is NaN or infinite and places the candidate nowhere in an error space.
+        """
+        values = np.concatenate([np.ravel(r) for r in self.residuals] + [np.array([self.error], dtype=np.float64)])
+        if np.isnan(values).any():
+            return "NaN"
+        if np.isinf(values).any():
+            return "inf"
+        return None
+
     @cached_property
     def _session(self):
         if self.onnx is None:

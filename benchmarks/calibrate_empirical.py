@@ -23,7 +23,8 @@ from qaopt.app_spec import load
 from qaopt.app_spec.nn_errors import error_metric
 from qaopt.calibrate import AR1, Empirical, Gaussian
 from qaopt.region_calibration import build_calibration
-from qaopt.spec_adapter import cache_dir_of, reference_residuals
+from qaopt.on_policy import reference_residuals
+from qaopt.spec_adapter import cache_dir_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=20)
     args = ap.parse_args()
     spec = load(args.spec)
-    residuals = {nn: reference_residuals(spec, nn, cache_dir_of(spec)) for nn in ("heading", "distance")}
+    residuals = {nn: reference_residuals(spec, nn, cache_dir_of(spec))[0] for nn in ("heading", "distance")}
 
     print("| NN | drives x frames | L1 | std | max abs | bias/sigma | lag-1 autocorrelation | AR(1) correlation steps "
           "| bootstrap block |")

@@ -32,7 +32,8 @@ from qaopt.field.evidence import apply_evidence, certified_fraction, collect_evi
 from qaopt.field.plan import plan
 from qaopt.region_calibration import calibrate_spec
 from qaopt.simulators.cropfollow import CropFollowEvaluator
-from qaopt.spec_adapter import acceptance_of, error_models_of, goal_of, space_of
+from qaopt.region_calibration import error_models_of
+from qaopt.spec_adapter import acceptance_of, goal_of, space_of
 
 REPO = Path(__file__).resolve().parents[1]
 HARDER_FIELD = {

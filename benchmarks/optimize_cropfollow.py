@@ -37,7 +37,7 @@ def main() -> None:
             (f"application-aware ({'accepted' if r.aware_accepted else 'not accepted'})", r.aware))
     for name, c in rows:
         if c is None:
-            print(f"| application-aware | — | — | — | no configuration without a failing closed-loop run | |")
+            print("| application-aware | — | — | — | no configuration without a failing closed-loop run | |")
             continue
         nns = [f"prune {n.knobs['prune_ratio']:.2f}, {n.knobs['dtype']}, ft {n.knobs['finetune_steps']}, "
                f"L1 {n.error:.3g}, {n.backend} {n.latency_ms:.2f} ms" for n in c.nns.values()]
@@ -58,7 +58,7 @@ def main() -> None:
     print("\n| stage | seconds |\n|---|---|")
     for stage, seconds in r.seconds.items():
         print(f"| {stage} | {seconds:.0f} |")
-    print(f"\nTrials: " + ", ".join(f"{m} {st.trials_complete} complete / {st.trials_feasible} feasible / {st.trials_failed} failed"
+    print("\nTrials: " + ", ".join(f"{m} {st.trials_complete} complete / {st.trials_feasible} feasible / {st.trials_failed} failed"
                               for m, st in r.studies.items()))
 
 

@@ -24,7 +24,7 @@ _EXPORTS = {
     "calibration": ("Calibration", "Progress"),
     "error_models": ("AR1", "Empirical", "ErrorModel", "Gaussian", "make_error_model"),
     "errors": ("CalibrationError",),
-    "protocols": ("Application", "Injector", "Perception", "QoSEvaluator"),
+    "protocols": ("Application", "Injector", "Perception", "QoSEvaluator", "Recorder", "Recording"),
     "region": ("ErrorRegion", "Evidence", "Observation"),
     "space": ("Axis", "ErrorSpace"),
     "strategies": ("STRATEGIES", "Strategy", "make_strategy"),

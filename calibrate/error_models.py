@@ -2,21 +2,28 @@
 
 A point of the error space says how *much* error an NN makes, in the metric its
 spec declares (``l1``: mean absolute error, ``rmse``), or as a bias and standard
-deviation. An error model says how that error *looks* (independent Gaussian
-noise per frame as in ApproxCaliper, AR(1) noise whose consecutive frames err
-alike, or a real NN's residuals resampled in blocks) and builds the
+deviation. An error model says how that error *looks* and builds the
 :class:`~qaopt.calibrate.protocols.Injector` that makes a simulated NN err that
-way. The metrics themselves are defined once, in :mod:`qaopt.app_spec.nn_errors`.
+way:
+
+- ``gaussian``: independent Gaussian noise per frame, as in ApproxCaliper;
+- ``ar1``: Gaussian AR(1) noise, whose consecutive frames err alike;
+- ``empirical``: a real NN's residuals resampled in blocks;
+- ``shaped``: a real NN's error features (:mod:`qaopt.calibrate.error_features`:
+  bias, truth dependence, correlation time, bursts) reproduced by a parametric
+  process, so a controller meets the persistent, bursty errors real NNs make.
+
+The metrics themselves are defined once, in :mod:`qaopt.app_spec.nn_errors`.
 ``fit`` methods build a model from a real NN's residual sequences (time-
-ordered, in the output's unit) so calibration injects errors that look like the
-NN that will be deployed.
+ordered, in the output's unit; ``shaped`` also takes the true values beside them)
+so calibration injects errors that look like the NN that will be deployed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -24,6 +31,7 @@ from scipy.stats import norm
 
 from qaopt.app_spec.hashing import content_hash
 from qaopt.app_spec.nn_errors import METRIC_KINDS, SCALE_DEGREE, error_metric
+from qaopt.calibrate.error_features import MAX_LAG1, ErrorFeatures, analyse_residuals, lag1_autocorrelation
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector
 
@@ -80,14 +88,6 @@ def _pooled(residuals: Sequence[np.ndarray]) -> list[np.ndarray]:
     if not all(np.isfinite(r).all() for r in seqs):
         raise CalibrationError("residuals: contain NaN or infinite values; fix the NN's measured outputs")
     return seqs
-
-
-def _lag1_autocorrelation(seqs: Sequence[np.ndarray]) -> float:
-    """Pooled lag-1 autocorrelation of the centred sequences (pairs never cross sequences)."""
-    mean = np.concatenate(seqs).mean()
-    num = sum(float(np.dot(r[:-1] - mean, r[1:] - mean)) for r in seqs if r.size > 1)
-    den = sum(float(np.dot(r - mean, r - mean)) for r in seqs)
-    return float(np.clip(num / den, 0.0, 0.999)) if den > 0 else 0.0
 
 
 @dataclass
@@ -185,7 +185,7 @@ class AR1(Gaussian):
         seqs = _pooled(residuals)
         r = np.concatenate(seqs)
         sd = float(r.std())
-        rho = _lag1_autocorrelation(seqs)
+        rho = lag1_autocorrelation(seqs)
         return cls(
             metric=metric,
             bias_ratio=float(r.mean() / sd) if sd > 0 else 0.0,
@@ -243,7 +243,7 @@ class Empirical:
             raise CalibrationError("residuals: all zero, so they cannot be scaled to a target error; "
                                    "measure the NN on data where it errs")
         if block_length is None:
-            rho = _lag1_autocorrelation(seqs)
+            rho = lag1_autocorrelation(seqs)
             tau = -1.0 / math.log(rho) if rho > 0 else 0.0
             n_mean = float(np.mean([r.size for r in seqs]))
             block_length = max(1, math.ceil(n_mean ** (1 / 3)), math.ceil(2 * tau))
@@ -276,24 +276,251 @@ class Empirical:
         return cls(residuals, metric)
 
 
-ERROR_MODELS = {"gaussian": Gaussian, "ar1": AR1, "empirical": Empirical}
+TRUTH_BAND = (0.01, 0.99)
+"""Quantiles of the fitted true values between which the shaped model's truth dependence holds."""
+MAX_BURST_AMPLITUDES = 64
+"""A shaped model keeps at most this many burst amplitudes (quantiles of the measured ones), so that its
+``config()`` lists every parameter and stays small."""
 
 
-def make_error_model(name: str, metric: str = "l1", residuals: Sequence[np.ndarray] | None = None) -> ErrorModel:
+class ShapedInjector:
+    """``truth + scale * (offset + gain (truth - truth_centre) + y_t)``; ``y_t`` is the core or a burst.
+
+    ``y_t`` is a stationary Gaussian AR(1) ``z_t`` outside bursts and a burst's
+    amplitude during one. A burst starts with probability ``burst_start`` per
+    non-burst frame, goes on with probability ``burst_continue`` per frame
+    (geometric length, mean ``burst_steps``) and keeps one signed amplitude drawn
+    from ``burst_amplitudes``. The burst replaces ``z_t`` rather than adding to it:
+    the amplitudes are measured deviations that already hold the core's noise, and
+    adding ``z_t`` again would blur them below the burst threshold. ``z_t`` goes on
+    underneath, so the core resumes where it would have been.
+
+    State is per episode of the batch (any truth shape, elementwise) and restarts
+    at ``t == 0`` in the stationary distribution (core at its stationary spread, in
+    a burst with probability ``burst_share``), so short episodes err like long ones.
+    """
+
+    def __init__(self, model: Shaped, scale: float):
+        self.model, self.scale = model, scale
+        self._pool = np.asarray(model.burst_amplitudes or (0.0,))
+        self._z: np.ndarray | None = None
+        self._in_burst = np.zeros(0, dtype=bool)
+        self._amplitude = np.zeros(0)
+
+    def errors(self, truth: np.ndarray, rng: np.random.Generator, t: int) -> np.ndarray:
+        """The errors added to ``truth`` at step ``t`` (advances the state)."""
+        m, shape = self.model, truth.shape
+        if t == 0 or self._z is None or self._z.shape != shape:
+            self._z = m.sigma * rng.standard_normal(shape)
+            was = np.zeros(shape, dtype=bool)
+            self._in_burst = rng.random(shape) < m.burst_share
+            self._amplitude = np.zeros(shape)
+        else:
+            self._z = m.rho * self._z + m.sigma * math.sqrt(1 - m.rho**2) * rng.standard_normal(shape)
+            was = self._in_burst
+            self._in_burst = rng.random(shape) < np.where(was, m.burst_continue, m.burst_start)
+        drawn = self._pool[rng.integers(self._pool.size, size=shape)]
+        self._amplitude = np.where(self._in_burst & ~was, drawn, self._amplitude)
+        y = np.where(self._in_burst, self._amplitude, self._z)
+        return self.scale * (m.offset + m.gain * (np.clip(truth, *m.truth_range) - m.truth_centre) + y)
+
+    def __call__(self, truth: np.ndarray, rng: np.random.Generator, t: int) -> np.ndarray:
+        truth = np.asarray(truth, dtype=float)
+        return truth + self.errors(truth, rng, t)
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """A real NN's error features, reproduced: bias, truth dependence, persistence and bursts.
+
+    Errors are ``offset + gain (truth - truth_centre) + y_t`` (see
+    :class:`ShapedInjector`), with every parameter fitted (:meth:`fit`) so that the
+    injected errors, measured with
+    :func:`~qaopt.calibrate.error_features.measure_features`, have the
+    :attr:`features` of the residuals they were fitted to. The calibrated axis is
+    the metric only: a target level scales the whole error (offset, gain term,
+    core, bursts) by one factor, so the shape is kept and only the size changes.
+    ``unit_level`` is the expected level at scale 1 on the fitted truths: it
+    depends on the truths through the gain term, so it is computed on them.
+
+    The truth dependence is known only over the values the residuals were measured
+    on: on-policy drives under good NNs cover a narrow band of states, and a slope
+    fitted there says nothing about the rest (measured on CropFollow, extrapolating
+    it made the reference NN's own errors fail the closed loop). So the gain term
+    holds at the band's edges (:data:`TRUTH_BAND` quantiles) beyond them.
+    """
+
+    features: ErrorFeatures
+    offset: float
+    gain: float
+    truth_centre: float
+    truth_range: tuple[float, float]
+    sigma: float
+    rho: float
+    burst_share: float
+    burst_steps: float
+    burst_amplitudes: tuple[float, ...]
+    unit_level: float
+
+    components = frozenset({"metric"})
+
+    @property
+    def metric(self) -> str:
+        return self.features.metric
+
+    @property
+    def burst_continue(self) -> float:
+        """Probability that a burst goes on for another frame: its length is geometric with mean ``burst_steps``."""
+        return 1.0 - 1.0 / self.burst_steps if self.burst_steps else 0.0
+
+    @property
+    def burst_start(self) -> float:
+        """Probability that a burst starts on a non-burst frame, so that ``burst_share`` of frames are in bursts."""
+        share = self.burst_share
+        return share / (self.burst_steps * (1 - share)) if share else 0.0
+
+    def injector(self, setting: Mapping[str, float]) -> Injector:
+        if set(setting) != {"metric"}:
+            raise CalibrationError(
+                "calibration: the shaped error model calibrates an NN's metric only; "
+                "use component 'metric' (or the gaussian/ar1 model for bias/sigma axes)"
+            )
+        return ShapedInjector(self, scale_for(self.metric, setting["metric"], self.unit_level))
+
+    def config(self) -> dict:
+        return {"model": "shaped", "metric": self.metric, "offset": self.offset, "gain": self.gain,
+                "truth_centre": self.truth_centre, "truth_range": list(self.truth_range), "sigma": self.sigma, "rho": self.rho,
+                "burst_share": self.burst_share, "burst_steps": self.burst_steps,
+                "burst_amplitudes": list(self.burst_amplitudes), "unit_level": self.unit_level}
+
+    @classmethod
+    def fit(cls, residuals: Sequence[np.ndarray], metric: str = "l1",
+            truths: Sequence[np.ndarray] | None = None) -> Shaped:
+        """The model whose errors have the features of ``residuals`` (and ``truths``, the true values beside them).
+
+        The core's spread is the residuals' core sigma, bursts keep their share,
+        mean length and (up to :data:`MAX_BURST_AMPLITUDES` quantiles) amplitudes,
+        the offset makes the mean the residuals' bias, and the core's AR(1)
+        coefficient is solved so that core and bursts together have the residuals'
+        lag-1 autocorrelation. The unit level is then the expected level on the
+        fitted truths (or on zeros without truths), so a target is met exactly on
+        truths distributed like them.
+        """
+        _check_kind(metric)
+        analysis = analyse_residuals(residuals, truths, metric)
+        f = analysis.features
+        pool = _amplitude_pool(analysis.burst_deviations)
+        m1, m2 = (float(pool.mean()), float(np.mean(pool**2))) if pool.size else (0.0, 0.0)
+        band = np.quantile(np.concatenate(analysis.truths), TRUTH_BAND)
+        model = cls(features=f, offset=f.bias - f.burst_share * m1, gain=f.gain,
+                    truth_centre=analysis.truth_centre, truth_range=(float(band[0]), float(band[1])),
+                    sigma=analysis.core_sigma, rho=0.0,
+                    burst_share=f.burst_share, burst_steps=f.burst_steps,
+                    burst_amplitudes=tuple(float(a) for a in pool), unit_level=math.nan)
+        model = replace(model, rho=_core_rho(model, analysis.rho, m1, m2))
+        return replace(model, unit_level=_unit_level(model, analysis.truths))
+
+
+def _amplitude_pool(deviations: np.ndarray) -> np.ndarray:
+    """Measured burst deviations, or :data:`MAX_BURST_AMPLITUDES` evenly spaced quantiles of them.
+
+    ``inverted_cdf`` quantiles are measured values: interpolating across the gap
+    between negative and positive bursts would invent an amplitude inside the core.
+    """
+    if deviations.size <= MAX_BURST_AMPLITUDES:
+        return np.sort(deviations)
+    levels = (np.arange(MAX_BURST_AMPLITUDES) + 0.5) / MAX_BURST_AMPLITUDES
+    return np.quantile(deviations, levels, method="inverted_cdf")
+
+
+def _core_rho(model: Shaped, rho: float, m1: float, m2: float) -> float:
+    """The core's AR(1) coefficient that gives core and bursts together the lag-1 autocorrelation ``rho``.
+
+    With ``p`` the burst share, the lag-1 covariance of ``y`` is
+    ``P(core, core) rho_z sigma^2 + p burst_continue m2 - (p m1)^2`` (``m1``, ``m2``:
+    moments of the burst amplitudes; a core frame next to a burst frame adds
+    nothing, the core having mean 0), and its variance
+    ``(1 - p) sigma^2 + p m2 - (p m1)^2``; solved for ``rho_z``.
+    """
+    p = model.burst_share
+    core_pairs = (1 - p) * (1 - model.burst_start) * model.sigma**2
+    if core_pairs == 0:
+        return 0.0
+    variance = (1 - p) * model.sigma**2 + p * m2 - (p * m1) ** 2
+    covariance = rho * variance + (p * m1) ** 2 - p * model.burst_continue * m2
+    return float(np.clip(covariance / core_pairs, 0.0, MAX_LAG1))
+
+
+def _unit_level(model: Shaped, truths: Sequence[np.ndarray]) -> float:
+    """The expected metric of ``model``'s errors at scale 1 on ``truths``.
+
+    A metric averages a function of one frame's error, so its expectation depends on
+    the stationary marginal of the errors only, not on their time structure: on a
+    frame of truth ``x`` the error is ``mu = offset + gain (x - truth_centre)`` plus
+    ``N(0, sigma^2)`` (core, probability ``1 - p``) or an amplitude drawn from
+    ``burst_amplitudes`` (burst, probability ``p``). Averaged exactly over the
+    truths' frames, so the target is met without Monte Carlo error.
+    """
+    mu = model.offset + model.gain * (np.clip(np.concatenate(truths), *model.truth_range) - model.truth_centre)
+    p, sigma, pool = model.burst_share, model.sigma, np.sort(model.burst_amplitudes)
+    if model.metric == "l1":
+        core = _mean_abs_gaussian(mu, sigma)
+        bursts = _mean_abs_shifted(mu, pool) if pool.size else 0.0
+        return float(np.mean((1 - p) * core + p * bursts))
+    m1, m2 = (float(pool.mean()), float(np.mean(pool**2))) if pool.size else (0.0, 0.0)
+    mse = float(np.mean(mu**2 + 2 * mu * p * m1)) + (1 - p) * sigma**2 + p * m2
+    return mse if model.metric == "mse" else math.sqrt(mse)
+
+
+def _mean_abs_gaussian(mu: np.ndarray, sigma: float) -> np.ndarray:
+    """``E|mu + sigma eps|`` for standard normal ``eps``, elementwise (the folded normal's mean)."""
+    if sigma == 0:
+        return np.abs(mu)
+    return sigma * math.sqrt(2 / math.pi) * np.exp(-(mu**2) / (2 * sigma**2)) + mu * (1 - 2 * norm.cdf(-mu / sigma))
+
+
+def _mean_abs_shifted(mu: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """``mean_j |mu + pool_j|`` for every ``mu``, from prefix sums of the sorted pool (no frames x pool matrix)."""
+    sums = np.concatenate([[0.0], np.cumsum(pool)])
+    below = np.searchsorted(pool, -mu)  # how many amplitudes make mu + a negative
+    negative = below * mu + sums[below]
+    positive = (pool.size - below) * mu + sums[-1] - sums[below]
+    return (positive - negative) / pool.size
+
+
+ERROR_MODELS = {"gaussian": Gaussian, "ar1": AR1, "empirical": Empirical, "shaped": Shaped}
+
+FITTED_ONLY = frozenset({"empirical", "shaped"})
+"""Models that exist only fitted to a real NN's residuals (the others have defaults)."""
+
+TRUTH_DEPENDENT = frozenset({"shaped"})
+"""Models whose fit also takes the true values beside the residuals (their errors depend on them)."""
+
+
+def make_error_model(
+    name: str,
+    metric: str = "l1",
+    residuals: Sequence[np.ndarray] | None = None,
+    truths: Sequence[np.ndarray] | None = None,
+) -> ErrorModel:
     """The spec's ``calibration.error_model`` for one NN; fitted to ``residuals`` when given.
 
-    ``empirical`` needs residuals; ``gaussian``/``ar1`` without residuals are
-    zero-bias (and, for AR(1), 5-step correlation) defaults.
+    ``truths`` (the true values beside the residuals) reach the models that use
+    them (:data:`TRUTH_DEPENDENT`). ``empirical`` and ``shaped`` need residuals;
+    ``gaussian``/``ar1`` without residuals are zero-bias (and, for AR(1), 5-step
+    correlation) defaults.
     """
     if name not in ERROR_MODELS:
         raise CalibrationError(
             f"calibration.error_model: '{name}' is unknown; use one of {', '.join(ERROR_MODELS)}"
         )
     if residuals is not None:
+        if name in TRUTH_DEPENDENT:
+            return ERROR_MODELS[name].fit(residuals, metric, truths)
         return ERROR_MODELS[name].fit(residuals, metric)
-    if name == "empirical":
+    if name in FITTED_ONLY:
         raise CalibrationError(
-            "calibration.error_model: 'empirical' needs the NN's residual sequences measured on "
+            f"calibration.error_model: '{name}' needs the NN's residual sequences measured on "
             "validation data; provide them or use 'gaussian'/'ar1'"
         )
     return ERROR_MODELS[name](metric=metric)

@@ -8,7 +8,12 @@ An application (a simulator, a field harness) is a black box to qaopt. It offers
   (:class:`QoSEvaluator`, all that ``qaopt calibrate`` needs);
 - ``evaluate_perception(nns, seeds, render_threads=1)``: closed-loop runs in which
   real NNs read the application's sensor inputs, the runs that validate an
-  approximated configuration (:class:`Application`, what ``qaopt optimize`` needs).
+  approximated configuration (:class:`Application`, what ``qaopt optimize`` needs);
+- optionally ``record_perception(nns, seeds, steps)``: drives steered by real NNs
+  in the loop, with every input they read and its true output kept in time order
+  (:class:`Recorder`): the on-policy frames on which qaopt measures how each
+  candidate NN errs, so that a candidate's error is the error the application will
+  see, not the error on data collected some other way.
 
 Both report raw QoS metrics, one mapping per seed; qaopt decides pass or fail
 against the spec's goal. The contracts are structural (``typing.Protocol``): an
@@ -21,7 +26,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -80,6 +86,37 @@ class Application(QoSEvaluator, Protocol):
     def evaluate_perception(
         self, nns: Mapping[str, Perception], seeds: Sequence[int], render_threads: int = 1
     ) -> list[QoSRecord]: ...
+
+
+@dataclass(frozen=True)
+class Recording:
+    """One NN's on-policy data: what it read on drives steered by the NNs in the loop, and the truth.
+
+    ``inputs`` is ``(N, *input_shape[1:])``, a numpy array or an array-like indexed by
+    int, slice or index array (so a recording of camera frames can stay in a compact
+    form); ``truth`` is ``(N, outputs)``, the outputs a perfect NN would give on each
+    input; ``sequences`` holds one index array per drive, in time order, so residuals
+    keep the time structure the controller feels. Recordings of several NNs may share
+    one ``inputs`` object (NNs that read the same camera).
+    """
+
+    inputs: Any
+    truth: np.ndarray
+    sequences: tuple[np.ndarray, ...]
+
+
+@runtime_checkable
+class Recorder(Protocol):
+    """An application that can record on-policy drives (optional, beside :class:`Application`).
+
+    ``record_perception(nns, seeds, steps)`` runs one drive per seed for at most
+    ``steps`` perception steps, steered by ``nns`` (:data:`Perception` callables; NNs
+    left out are perfect), and returns a :class:`Recording` for every NN of the
+    application (left-out NNs too: their inputs were produced, only not read).
+    Deterministic for given ``(nns, seeds, steps)``: qaopt caches the result.
+    """
+
+    def record_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], steps: int) -> Mapping[str, Recording]: ...
 
 
 def is_qos_value(v: object) -> bool:

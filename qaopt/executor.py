@@ -27,7 +27,6 @@ Every task of either executor waits for that lock to be free before it starts
 from __future__ import annotations
 
 import contextlib
-import importlib
 import multiprocessing
 import os
 import socket

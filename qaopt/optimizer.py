@@ -7,6 +7,8 @@ A short sequence of stages (:mod:`qaopt.stages` states each one's artifact and k
 2. reference: the reference NNs, their point in the region and their latency;
 3. studies: two Optuna studies over per-NN knobs and the schedule, application-aware
    (inside the region) and application-agnostic (each NN within its reference error);
+   during the aware one, closed-loop checks of the front correct the region
+   (``search.closed_loop``, :mod:`qaopt.stages.checks`);
 4. validation: the aware front's fastest configurations closed-loop with the real NNs;
 5. export and report: ``artifacts/``, ``result.json`` and ``report.md``.
 """
@@ -21,19 +23,29 @@ from rich.console import Console
 
 from qaopt import kernels
 from qaopt.app_spec import AppSpec
-from qaopt.approx import Knobs, TargetNN
+from qaopt.approx import Knobs
 from qaopt.calibrate import ErrorRegion
 from qaopt.executor import open_executor
+from qaopt.on_policy import target_nns
 from qaopt.profiles import Profile, get_profile
 from qaopt.report import format_errors, write_report
-from qaopt.result import Configuration, Result, Speedups, StudySummary
+from qaopt.result import FIDELITY_GUIDE, Configuration, Fidelity, Result, Speedups, StudySummary
 from qaopt.search import MODES, OptimizeError, SearchContext, open_storage, run_study, summarize
 from qaopt.spec import check_spec, load_spec
 from qaopt.spec_adapter import cache_dir_of
 from qaopt.stages import StageClock
+from qaopt.stages.checks import ClosedLoopChecks
 from qaopt.stages.export import export_configuration
-from qaopt.stages.region import REGION_FILE, REGION_PLOT, ClosedLoopEvidence, application_key, calibrated_region, fold
-from qaopt.stages.validation import fidelity, fidelity_note, validate_configuration, validate_front
+from qaopt.stages.region import (
+    CLOSED_LOOP_FILE,
+    REGION_FILE,
+    REGION_PLOT,
+    ClosedLoopEvidence,
+    application_key,
+    calibrated_region,
+    fold,
+)
+from qaopt.stages.validation import validate_configuration, validate_front
 
 AGNOSTIC_TOLERANCE = 0.02
 """Accuracy-preserving compression may lose this much relative NN error (measurement noise)."""
@@ -108,9 +120,10 @@ def _optimize(
     evidence = ClosedLoopEvidence.load(run_dir)
     ctx = search_context(spec, prof, fold(calibrated, evidence.of(application_key(spec))))
     with clock.stage("reference NNs"):
-        reference = _reference(ctx, run_dir)
+        reference = _reference(ctx, calibrated, run_dir)
 
     n_trials = prof.trials or spec.search.trials
+    checks = ClosedLoopChecks(ctx, calibrated, evidence, run_dir, n_trials, executor=executor, say=clock.console.log)
     studies: dict[str, StudySummary] = {}
     for mode in MODES:
         with clock.stage(f"{mode} search", total=n_trials) as bar:
@@ -125,14 +138,19 @@ def _optimize(
                 else:
                     _bar.update(description=message)
 
-            study = run_study(ctx, mode, study_storage, n_trials, on_trial=on_trial)
+            if mode == "aware":
+                study = run_study(ctx, mode, study_storage, n_trials, on_trial=on_trial, on_done=checks)
+                checks.absorb(study)  # the checks other workers sharing the study ran, or a run before a kill
+            else:
+                study = run_study(ctx, mode, study_storage, n_trials, on_trial=on_trial)
             studies[mode] = summarize(study, spec.search.objectives)
     reference = _as_measured(studies["aware"], reference)
 
     with clock.stage("closed-loop validation", total=prof.validation_runs) as bar:
         run = dict(executor=executor, bar=bar, say=clock.console.log)
-        front = validate_front(ctx, studies["aware"].feasible_configurations(), calibrated, evidence, reference, **run)
-        if front.evidence is not evidence:
+        front = validate_front(ctx, studies["aware"].feasible_configurations(), calibrated, checks.evidence, reference,
+                               **run)
+        if front.evidence is not checks.evidence:
             front.evidence.save(run_dir)
         agnostic = next(iter(studies["agnostic"].feasible_configurations()), None)
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
@@ -161,8 +179,7 @@ def _optimize(
             ),
             validations=front.validations,
             agnostic_validation=agnostic_validation,
-            fidelity=fidelity(front.validations),
-            fidelity_note=fidelity_note(spec, front.validations),
+            fidelity=Fidelity.of(spec.calibration.error_model, front.validations, studies["aware"].closed_loop_checks),
             studies=studies,
             tuning={"trials_per_candidate": ctx.target.tuning.trials, "seconds_per_candidate": ctx.target.tuning.seconds},
             region=chosen_region.path,
@@ -181,7 +198,7 @@ def search_context(spec: AppSpec, prof: Profile, region: ErrorRegion) -> SearchC
     return SearchContext(
         spec=spec,
         profile=prof,
-        nns={name: TargetNN.from_spec(name, nn) for name, nn in spec.nns.items()},
+        nns=target_nns(spec, cache_dir_of(spec)),
         target=_target(spec, prof),
         cache_dir=cache_dir_of(spec),
         region=region,
@@ -202,8 +219,12 @@ def _target(spec: AppSpec, prof: Profile) -> kernels.Target:
     return replace(target, tuning=capped)
 
 
-def _reference(ctx: SearchContext, run_dir: Path) -> Configuration:
-    """The reference configuration, measured; an error saying why when even it falls outside the region."""
+def _reference(ctx: SearchContext, calibrated: ErrorRegion, run_dir: Path) -> Configuration:
+    """The reference configuration, measured; an error saying why when even it falls outside the region.
+
+    ``calibrated`` is the region before closed-loop evidence was folded in: when it alone
+    certifies the reference, the evidence is what moved the boundary, and the message says so.
+    """
     point = ctx.errors_of(ctx.reference)
     for i, axis in enumerate(ctx.region.space.axes):
         if point[axis.name] < axis.min:
@@ -214,10 +235,19 @@ def _reference(ctx: SearchContext, run_dir: Path) -> Configuration:
     if not ctx.region.contains(point):
         ctx.region.plot(run_dir / REGION_PLOT, reference=point)  # the plot the message points to shows where they fall
         empty = ctx.region.empty_reason()
-        why = (f"the region is empty: {empty}" if empty else
-               f"the reference NNs' errors {format_errors(point)} lie outside the certified region (P(valid) there "
-               f"{ctx.region.probability(point):.2f}); raise calibration.budget, narrow the axes around the "
-               "reference's errors so that evaluations land near them, or improve the NNs")
+        if calibrated.contains(point):
+            why = (f"the closed-loop evidence in {CLOSED_LOOP_FILE} (configurations whose real NNs failed in the loop) "
+                   f"leaves the reference NNs' errors {format_errors(point)} outside the region (P(valid) there "
+                   f"{ctx.region.probability(point):.2f}), though the calibrated region alone certifies them: the "
+                   f"error model '{ctx.spec.calibration.error_model}' misses how these NNs err. Calibrate with one "
+                   f"closer to them (see {FIDELITY_GUIDE}); delete {run_dir / CLOSED_LOOP_FILE} only to search the "
+                   "injected-error region again")
+        elif empty:
+            why = f"the region is empty: {empty}"
+        else:
+            why = (f"the reference NNs' errors {format_errors(point)} lie outside the certified region (P(valid) there "
+                   f"{ctx.region.probability(point):.2f}); raise calibration.budget, narrow the axes around the "
+                   "reference's errors so that evaluations land near them, or improve the NNs")
         raise OptimizeError(f"{ctx.spec.source}: no approximation can be shown valid: {why}. "
                             f"See the calibration plot {run_dir / REGION_PLOT}.")
     measured, latency, memory = ctx.measure(ctx.reference, "sequential")

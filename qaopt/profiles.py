@@ -23,11 +23,15 @@ class Profile(BaseModel):
     tuning_trials: int | None = Field(None, ge=0, description="kernel-tuning trials per candidate")
     validation_runs: int = Field(50, ge=1, description="closed-loop runs per validated configuration")
     validate_top: int = Field(3, ge=1, description="Pareto-front configurations validated closed-loop")
+    closed_loop_checks: int | None = Field(None, ge=0, description=(
+        "at most this many configurations checked closed-loop during the search (search.closed_loop); 0: none"))
 
 
 PROFILES: dict[str, Profile] = {
     # Finishes the shipped example in <= 15 minutes on a 2-core CPU: few trials, short
-    # fine-tuning, untuned kernels, and a short closed-loop check of the winner.
+    # fine-tuning, untuned kernels, and a short closed-loop check of the winner. No closed-loop
+    # checks during the search: a CropFollow check costs minutes, and six trials leave no later
+    # trial for one to correct (the front's validation runs the same seeds right after).
     "quick": Profile(
         name="quick",
         trials=6,
@@ -37,6 +41,7 @@ PROFILES: dict[str, Profile] = {
         tuning_trials=0,
         validation_runs=6,
         validate_top=2,
+        closed_loop_checks=0,
     ),
     # The real result in <= 90 minutes on a 2-core CPU: the spec's trials, but fine-tuning capped
     # at 160 steps (a CropFollow NN's step costs 0.1-0.4 s there, so 400-step candidates would

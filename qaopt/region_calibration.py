@@ -21,17 +21,48 @@ from typing import Any
 import numpy as np
 
 from qaopt.app_spec import AppSpec
-from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence, Progress, QoSEvaluator
-from qaopt.calibrate.plot import plotted_axes, slice_levels
-from qaopt.spec_adapter import (
-    acceptance_of,
-    cache_dir_of,
-    error_models_of,
-    goal_of,
-    make_evaluator,
-    simulator_key,
-    space_of,
+from qaopt.calibrate import (
+    Calibration,
+    CalibrationError,
+    ErrorModel,
+    ErrorRegion,
+    Evidence,
+    Progress,
+    QoSEvaluator,
+    make_error_model,
 )
+from qaopt.calibrate.plot import plotted_axes, slice_levels
+from qaopt.on_policy import reference_residuals
+from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, make_evaluator, simulator_key, space_of
+
+
+FITTED_MODELS = ("empirical", "shaped")
+"""Error models fitted to the reference NNs' residuals when a run gives none (the others have defaults)."""
+
+
+def error_models_of(
+    spec: AppSpec,
+    residuals: Mapping[str, Sequence[np.ndarray]] | None = None,
+    cache_dir: Path | None = None,
+) -> dict[str, ErrorModel]:
+    """The spec's error model for every calibrated NN, in the metric its ``error_metric`` declares.
+
+    ``residuals`` (NN -> residual sequences) fit the models to real NNs; the fitted
+    models (:data:`FITTED_MODELS`) without them use the spec's reference NNs' residuals
+    and true values.
+    """
+    residuals = dict(residuals or {})
+    models: dict[str, ErrorModel] = {}
+    name = spec.calibration.error_model
+    for nn in space_of(spec).nns:
+        res, truths = residuals.get(nn), None
+        if res is None and name in FITTED_MODELS:
+            res, truths = reference_residuals(spec, nn, cache_dir if cache_dir is not None else cache_dir_of(spec))
+        try:
+            models[nn] = make_error_model(name, spec.nns[nn].error_metric.kind, res, truths)
+        except CalibrationError as exc:
+            raise CalibrationError(f"{spec.source}: calibration.error_model {name} for nns.{nn}: {exc}") from exc
+    return models
 
 
 def build_calibration(

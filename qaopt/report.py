@@ -11,9 +11,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from qaopt.app_spec import store  # noqa: E402
 from qaopt.approx import describe  # noqa: E402
-from qaopt.result import Configuration, Result, StudySummary  # noqa: E402
+from qaopt.result import Configuration, Fidelity, Result, StudySummary, Validation  # noqa: E402
 
 MiB = 2**20
+METRICS_NOTE = ("Counts (metrics reported as whole numbers per run, such as collisions or crashes) are totals over "
+                "the runs; every other metric (distances, gaps, rates) is the mean per run, since a sum of them means "
+                "nothing. In brackets: the value in the worst run, the run whose QoS metric is worst.")
+CHECKS_NOTE = ("The front's configurations nearest the region's boundary, run closed-loop while the search went on "
+               "(search.closed_loop); a failure corrected the region for the trials after it.")
 
 
 def write_report(result: Result, run_dir: Path) -> Path:
@@ -43,23 +48,28 @@ def write_report(result: Result, run_dir: Path) -> Path:
                           ("reference", result.reference)):
         if config is not None:
             lines += [f"### {title}", "", _nn_table(config), ""]
-    lines += ["## Error region", "", f"![error region](region.png)", "",
+    lines += ["## Error region", "", "![error region](region.png)", "",
               f"Region from `{result.region.name}`; the reference NNs sit at {format_errors(result.reference.errors)}.", ""]
     if result.region_note:
         lines += [f"Region: {result.region_note}.", ""]
-    lines += ["## Closed-loop validation", "", _validation_table(result), ""]
-    if result.fidelity is not None:
-        lines.append(f"Region fidelity: the region's prediction matched the closed-loop verdict for "
-                     f"{result.fidelity:.0%} of decided validations.")
-    if result.fidelity_note:
-        lines.append(result.fidelity_note)
-    lines += ["", "## Search", "", f"![Pareto front]({pareto.name})", ""]
+    lines += ["## Closed-loop validation", "", _validation_table(result.validations), ""]
+    if result.validations:
+        lines += [METRICS_NOTE, ""]
+    checks = result.studies["aware"].closed_loop_checks
+    if checks:
+        lines += ["### Closed-loop checks during the search", "", CHECKS_NOTE, "", _validation_table(checks), ""]
+    lines += ["### Region fidelity", "", _fidelity(result.fidelity), ""]
+    lines += ["## Search", "", f"![Pareto front]({pareto.name})", ""]
     lines += ["| study | complete | feasible | failed |", "|---|---|---|---|"]
     for mode, s in result.studies.items():
         lines.append(f"| {mode} | {s.trials_complete} | {s.trials_feasible} | {s.trials_failed} |")
     failures = [f for s in result.studies.values() for f in s.failures]
     if failures:
         lines += ["", "Failed trials (the search went on):", ""] + [f"- {f}" for f in failures]
+    unusable = [f"{mode} trial {t.number}: {t.infeasible}" for mode, s in result.studies.items() for t in s.trials
+                if t.infeasible]
+    if unusable:
+        lines += ["", "Infeasible whatever their errors (the search went on):", ""] + [f"- {u}" for u in unusable]
     lines += ["", "### Candidates (aware study, measured trials)", "", _candidate_table(result.studies["aware"]), ""]
     lines += ["## Cost", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {stage} | {seconds:.1f} |" for stage, seconds in result.seconds.items()]
@@ -134,15 +144,29 @@ def _nn_table(config: Configuration) -> str:
     return "\n".join(rows)
 
 
-def _validation_table(result: Result) -> str:
-    if not result.validations:
+def _fidelity(fidelity: Fidelity) -> str:
+    """The region's agreement with closed-loop truth, with the error model it was charted with."""
+    model = f"error model `{fidelity.error_model}`" if fidelity.error_model else "error model not recorded"
+    if not fidelity.configurations:
+        return f"No configuration ran closed-loop, so the region ({model}) was not compared with closed-loop truth."
+    text = (f"The region ({model}) against closed-loop truth: {fidelity.configurations} configuration(s) ran closed-loop "
+            f"({fidelity.checked_during_search} checked during the search only), {fidelity.closed_loop_runs} runs; "
+            f"{fidelity.decided} reached a verdict")
+    if fidelity.agreement is not None:
+        text += (f", and the region agreed with {fidelity.agreement:.0%} of them; {fidelity.false_valid} that it called "
+                 "valid failed closed-loop (false valid)")
+    return text + "." + (f" {fidelity.note}" if fidelity.note else "")
+
+
+def _validation_table(validations: list[Validation]) -> str:
+    if not validations:
         return "No configuration was validated."
-    names = list(dict.fromkeys(k for v in result.validations for k in v.metrics))
-    counted = {n for v in result.validations for n, m in v.metrics.items() if m.total is not None}
+    names = list(dict.fromkeys(k for v in validations for k in v.metrics))
+    counted = {n for v in validations for n, m in v.metrics.items() if m.total is not None}
     heads = [f"{n}: {'total' if n in counted else 'mean'} (worst run)" for n in names]
     rows = ["| trial | runs | passes | failures | verdict | region said valid | " + " | ".join(heads) + " |",
             "|---|---|---|---|---|---|" + "---|" * len(names)]
-    for v in result.validations:
+    for v in validations:
         cells = []
         for n in names:
             m = v.metrics.get(n)
@@ -153,9 +177,6 @@ def _validation_table(result: Result) -> str:
             cells.append(f"{shown:.4g}" + (f" ({m.worst_run:.4g})" if m.worst_run is not None else ""))
         rows.append(f"| {v.trial} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} | {v.region_predicted_valid} | "
                     + " | ".join(cells) + " |")
-    rows += ["", "Counts (metrics reported as whole numbers per run, such as collisions or crashes) are totals over "
-             "the runs; every other metric (distances, gaps, rates) is the mean per run, since a sum of them means "
-             "nothing. In brackets: the value in the worst run, the run whose QoS metric is worst."]
     return "\n".join(rows)
 
 

@@ -6,10 +6,11 @@ content of ``result.json``, so a team can script runs and read old ones alike.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qaopt.app_spec import store
 
@@ -75,6 +76,77 @@ class Validation(_Model):
         "run, and for counts (collisions, crashes) its total over the runs")
     worst_seed: int | None = Field(None, description="the seed of the run with the worst QoS metric value")
 
+    @property
+    def name(self) -> str:
+        """How reports and notes name the configuration: ``trial 12``, or ``the reference``."""
+        return "the reference" if self.trial is None else f"trial {self.trial}"
+
+
+FIDELITY_GUIDE = "docs/calibration.md, error models"
+"""Where a user reads which error model fits NNs whose real errors the region's model missed."""
+
+
+class Fidelity(_Model):
+    """How well the region predicted closed-loop truth in one run.
+
+    The region says valid or not from runs with *injected* errors; the closed loop runs the
+    real approximated NNs. Every configuration of the aware study that went closed-loop
+    (validated after the search, the reference included, or checked during it:
+    ``search.closed_loop``) is one comparison, so a user sees whether the error model
+    (``calibration.error_model``) can be trusted here. The agnostic configuration's
+    validation is left out: it answers another question (is accuracy-preserving compression
+    safe?), and its NNs may be the aware study's, counted already.
+    """
+
+    error_model: str | None = Field(description=(
+        "calibration.error_model the region was charted with; None in a result.json of version 3 or older"))
+    configurations: int = Field(description=(
+        "configurations run closed-loop: validated after the search or checked during it, each counted once"))
+    checked_during_search: int = Field(description="of them, those checked during the search only")
+    decided: int = Field(description="of them, those whose closed-loop runs reached a verdict at the spec's confidence")
+    agreement: float | None = Field(description=(
+        "share of the decided ones whose closed-loop verdict matched the region's; None when none was decided"))
+    false_valid: int = Field(description="decided configurations the region called valid that failed closed-loop")
+    closed_loop_runs: int = Field(description="closed-loop runs behind these figures (cached runs included)")
+    note: str = Field("", description="what the figures mean for this run, and what to do about a disagreement")
+
+    @classmethod
+    def of(cls, error_model: str | None, validations: Sequence[Validation],
+           checks: Sequence[Validation] = ()) -> Fidelity:
+        """The figures of a run's final ``validations`` and its in-search ``checks``.
+
+        A configuration both checked and validated counts once, by its validation (more runs).
+        """
+        validated = {v.trial for v in validations}
+        checked = [c for c in checks if c.trial not in validated]
+        compared = [*validations, *checked]
+        decided = [v for v in compared if v.verdict != "undecided"]
+        wrong = [v for v in decided if v.region_predicted_valid and v.verdict == "invalid"]
+        return cls(
+            error_model=error_model,
+            configurations=len(compared),
+            checked_during_search=len(checked),
+            decided=len(decided),
+            agreement=sum(v.accepted == v.region_predicted_valid for v in decided) / len(decided) if decided else None,
+            false_valid=len(wrong),
+            closed_loop_runs=sum(v.runs for v in compared),
+            note=_fidelity_note(error_model, compared, decided, wrong),
+        )
+
+
+def _fidelity_note(error_model: str | None, compared: Sequence[Validation], decided: Sequence[Validation],
+                   wrong: Sequence[Validation]) -> str:
+    if wrong:
+        model = f" (error model '{error_model}')" if error_model else ""
+        return (f"The region{model} called {len(wrong)} configuration(s) valid that failed closed-loop "
+                f"({', '.join(v.name for v in wrong)}): the real NNs err differently from the injected errors (bias, "
+                "correlation over frames, failures on particular scenes). Choose the error model that matches how "
+                f"your NNs err: see {FIDELITY_GUIDE}.")
+    if compared and not decided:
+        return (f"None of the {len(compared)} closed-loop verdicts was decided at the spec's confidence (too few runs "
+                "per configuration; the default profile runs more), so this run does not measure the region's fidelity.")
+    return ""
+
 
 class Speedups(_Model):
     aware: float | None = Field(None, description="reference latency / application-aware latency")
@@ -94,6 +166,8 @@ class TrialRecord(_Model):
     errors: dict[str, float] = Field(default_factory=dict, description="the error vector in the region's axis names")
     configuration: Configuration | None = Field(None, description="the compiled, tuned configuration (feasible trials)")
     error: str | None = Field(None, description="why the trial failed")
+    infeasible: str | None = Field(None, description=(
+        "why the trial is infeasible whatever its errors, e.g. an NN that outputs NaN on its validation data"))
 
 
 class StudySummary(_Model):
@@ -103,6 +177,8 @@ class StudySummary(_Model):
     trials_feasible: int
     failures: list[str] = Field(default_factory=list, description="why each failed trial failed")
     trials: list[TrialRecord] = Field(default_factory=list, description="every finished trial, in order")
+    closed_loop_checks: list[Validation] = Field(default_factory=list, description=(
+        "the closed-loop checks run during the search (search.closed_loop), by trial"))
 
     def feasible_configurations(self) -> list[Configuration]:
         """Every feasible, measured configuration, fastest first (the latency end of the Pareto front leads).
@@ -113,9 +189,12 @@ class StudySummary(_Model):
         return sorted(configs, key=lambda c: (c.latency_ms, c.memory_bytes or 0))
 
 
-RESULT_VERSION = 3
+RESULT_VERSION = 4
 """Bumped when ``result.json`` changes meaning; 2 added the trials tables, 3 per-metric means, worst runs and
-counts' totals in place of every metric's sum, and the region's provenance."""
+counts' totals in place of every metric's sum, and the region's provenance, 4 the fidelity figures
+(:class:`Fidelity`), the closed-loop checks during the search and why a trial is infeasible."""
+FIDELITY_VERSION = 4
+"""The first version with :class:`Fidelity`; an older (version-3) file is read with its fidelity recomputed."""
 
 
 class Result(_Model):
@@ -135,8 +214,7 @@ class Result(_Model):
     validations: list[Validation]
     agnostic_validation: Validation | None = Field(
         None, description="the agnostic configuration run closed-loop too: is accuracy-preserving compression safe here?")
-    fidelity: float | None = Field(None, description="share of validated configurations whose closed-loop verdict matched the region")
-    fidelity_note: str = ""
+    fidelity: Fidelity = Field(description="the region's agreement with closed-loop truth in this run")
     studies: dict[str, StudySummary]
     tuning: dict[str, Any] = Field(default_factory=dict)
     region: Path
@@ -144,6 +222,17 @@ class Result(_Model):
     report: Path
     artifacts: dict[str, dict[str, Path]] = Field(default_factory=dict)
     seconds: dict[str, float] = Field(default_factory=dict, description="wall time of each stage")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_version_3(cls, data: Any) -> Any:
+        """A version-3 ``result.json`` (a fidelity share and a note) is read with its :class:`Fidelity` recomputed
+        from its validations, so ``qaopt.load_artifacts`` and scripts still read older run folders."""
+        if not isinstance(data, dict) or data.get("version") != FIDELITY_VERSION - 1:
+            return data
+        upgraded = {k: v for k, v in data.items() if k not in ("fidelity", "fidelity_note")}
+        validations = [Validation.model_validate(v) for v in data.get("validations", [])]
+        return {**upgraded, "version": RESULT_VERSION, "fidelity": Fidelity.of(None, validations)}
 
     @property
     def aware_accepted(self) -> bool:

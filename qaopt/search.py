@@ -5,7 +5,9 @@ the pipeline schedule, builds the candidates (cached by :mod:`qaopt.approx`),
 places their measured errors in the error space, and reports feasibility through
 ``trial.set_constraint``. Only feasible trials are compiled and tuned on the target
 (:mod:`qaopt.kernels`); infeasible ones get a quick untuned measurement so the
-sampler still learns the cost side of the space.
+sampler still learns the cost side of the space. A candidate whose outputs on its
+validation data hold NaN or inf has no point in the error space: its trial is
+infeasible, with the reason, and the study goes on.
 
 Two studies run over the same space and share every cached candidate:
 
@@ -38,7 +40,7 @@ from qaopt.calibrate import ErrorRegion
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import measure_configuration, quick_latency
 from qaopt.profiles import Profile
-from qaopt.result import Configuration, StudySummary, TrialRecord
+from qaopt.result import Configuration, StudySummary, TrialRecord, Validation
 
 Mode = Literal["aware", "agnostic"]
 MODES: tuple[Mode, ...] = ("aware", "agnostic")
@@ -48,6 +50,13 @@ ATTR_ERRORS = "errors"
 ATTR_FEASIBLE = "feasible"
 ATTR_CONFIGURATION = "configuration"
 ATTR_FAILURE = "error"
+ATTR_INFEASIBLE = "infeasible"
+"""Why a trial is infeasible whatever its errors (an NN that outputs NaN)."""
+CHECK_ATTR_PREFIX = "closed_loop_check:"
+"""A study attribute per in-search closed-loop check (``closed_loop_check:<trial>``): one key per trial, so
+workers sharing the study never overwrite each other's, and a resumed run sees what was checked."""
+OUTSIDE = 1.0
+"""The constraint value of a trial with no point in the error space: as far outside as the region's scale goes."""
 HEARTBEAT_S = 30
 GRACE_S = 120
 """A trial whose process sent no heartbeat for GRACE_S seconds is failed and retried by the next worker."""
@@ -185,6 +194,9 @@ class Objective:
             schedule = trial.suggest_categorical("schedule", list(schedules_for(len(ctx.nns), threads_of(ctx.target))))
             self.on_trial(f"{self.mode} trial {trial.number}: building candidates")
             candidates = {name: ctx.build(name, k) for name, k in knobs.items()}
+            unusable = nonfinite(candidates)
+            if unusable:
+                return self._unusable(trial, candidates, unusable)
             errors = ctx.errors_of(candidates)
             violation = ctx.violation(self.mode, errors, candidates)
             trial.set_constraint("region" if self.mode == "aware" else "reference_error", violation)
@@ -215,6 +227,15 @@ class Objective:
             trial.set_user_attr(ATTR_FAILURE, interruption(exc))
             raise
 
+    def _unusable(self, trial: optuna.Trial, candidates: Mapping[str, Candidate], reason: str) -> list[float]:
+        """An infeasible trial that names why: an NN with NaN or inf outputs has no errors to place in the region."""
+        self.on_trial(f"{self.mode} trial {trial.number}: infeasible: {reason}")
+        trial.set_constraint("region" if self.mode == "aware" else "reference_error", OUTSIDE)
+        trial.set_user_attr(ATTR_ERRORS, {})
+        trial.set_user_attr(ATTR_FEASIBLE, False)
+        trial.set_user_attr(ATTR_INFEASIBLE, reason)
+        return self._values(*self._quick(candidates))
+
     def _knobs(self, trial: optuna.Trial, name: str) -> Knobs:
         return knob_space(self.ctx, name).sample(trial, name, seed=self.ctx.spec.search.seed)
 
@@ -225,6 +246,12 @@ class Objective:
     def _values(self, latency: float, memory: int | None) -> list[float]:
         figures = {"latency": latency, "memory": (memory or 0) / 2**20}
         return [figures[o] for o in self.ctx.spec.search.objectives]
+
+
+def nonfinite(candidates: Mapping[str, Candidate]) -> str:
+    """Why these candidates cannot be placed in the error space (empty when they can): each NN with NaN or inf outputs."""
+    return "; ".join(f"nns.{name}: candidate {c.key} outputs {c.nonfinite_outputs} on its validation data"
+                     for name, c in candidates.items() if c.nonfinite_outputs)
 
 
 def knob_space(ctx: SearchContext, name: str) -> KnobSpace:
@@ -244,12 +271,14 @@ def run_study(
     storage: RDBStorage,
     n_trials: int,
     on_trial: Callable[[str], None] = lambda message: None,
-    on_done: Callable[[FrozenTrial], None] = lambda trial: None,
+    on_done: Callable[[optuna.Study, FrozenTrial], None] = lambda study, trial: None,
 ) -> optuna.Study:
     """Create or resume the study of ``mode`` and run it until it holds ``n_trials`` finished trials.
 
     Several workers (processes, machines) may run this on one storage at once: the
-    trial count is shared, so together they run ``n_trials``.
+    trial count is shared, so together they run ``n_trials``. ``on_done`` sees the study
+    after each trial this process finishes, before the next one starts (the in-search
+    closed-loop checks, :mod:`qaopt.stages.checks`, correct the region there).
     """
     optuna.logging.set_verbosity(logging.WARNING)
     name = f"{ctx.spec.app.name}-{ctx.spec.content_hash()}-{mode}"
@@ -278,7 +307,7 @@ def run_study(
             study.enqueue_trial({**params, **changed}, skip_if_exists=True)
 
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
-        on_done(trial)
+        on_done(study, trial)
         if finished_trials(study) >= n_trials:
             study.stop()
 
@@ -342,8 +371,19 @@ def finished_trials(study: optuna.Study) -> int:
     )
 
 
+def record_check(study: optuna.Study, validation: Validation) -> None:
+    """Record an in-search closed-loop check of trial ``validation.trial`` in the study (see :data:`CHECK_ATTR_PREFIX`)."""
+    study.set_user_attr(f"{CHECK_ATTR_PREFIX}{validation.trial}", validation.model_dump(mode="json"))
+
+
+def recorded_checks(study: optuna.Study) -> dict[int, Validation]:
+    """Every closed-loop check recorded in the study (by any worker, or before a kill), by trial number."""
+    return {int(key.removeprefix(CHECK_ATTR_PREFIX)): Validation.model_validate(value)
+            for key, value in study.user_attrs.items() if key.startswith(CHECK_ATTR_PREFIX)}
+
+
 def summarize(study: optuna.Study, objectives: Sequence[str]) -> StudySummary:
-    """The study as the result holds it: counts and every finished trial, read from the trials' attributes once."""
+    """The study as the result holds it: counts, every finished trial and the closed-loop checks, read once."""
     records = [_record(t, objectives) for t in study.get_trials(deepcopy=False)
                if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
     return StudySummary(
@@ -353,6 +393,7 @@ def summarize(study: optuna.Study, objectives: Sequence[str]) -> StudySummary:
         trials_feasible=sum(r.feasible for r in records if r.state == "complete"),
         failures=[f"trial {r.number}: {r.error or 'failed'}" for r in records if r.state == "failed"],
         trials=records,
+        closed_loop_checks=[v for _, v in sorted(recorded_checks(study).items())],
     )
 
 
@@ -368,4 +409,5 @@ def _record(trial: FrozenTrial, objectives: Sequence[str]) -> TrialRecord:
         errors=attrs.get(ATTR_ERRORS, {}),
         configuration=Configuration.model_validate(configuration) if configuration else None,
         error=attrs.get(ATTR_FAILURE),
+        infeasible=attrs.get(ATTR_INFEASIBLE),
     )

@@ -15,7 +15,6 @@ spec                                      domain object
 ``calibration.space`` (``schema.Axis``)   :func:`space_of`: ``ErrorSpace`` of ``calibrate.Axis``
 ``qos`` (metric, max, min)                :func:`goal_of`: ``QoSGoal``
 ``qos.acceptance`` (``Acceptance``)       :func:`acceptance_of`: ``AcceptanceTest``
-``calibration.error_model`` + ``nns``     :func:`error_models_of`: one ``ErrorModel`` per NN
 ``evaluator.simulator`` + its code        :func:`simulator_key`: the key of its cached runs
 ``output.cache_dir``                      :func:`cache_dir_of`: the cache root
 ========================================  ==========================================
@@ -24,7 +23,6 @@ spec                                      domain object
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +32,9 @@ from qaopt.application import ApplicationError, check_application, check_methods
 from qaopt.calibrate import (
     AcceptanceTest,
     Axis,
-    ErrorModel,
     ErrorSpace,
     QoSEvaluator,
     QoSGoal,
-    make_error_model,
 )
 from qaopt.spec import located, problem
 
@@ -166,30 +162,3 @@ def simulator_key(spec: AppSpec, evaluator: object) -> str:
     if src is not None:
         code = content_hash([[f.name, file_hash(f)] for f in sorted(Path(src).parent.glob("*.py"))])
     return content_hash(spec.evaluator.simulator, code)
-
-
-def reference_residuals(spec: AppSpec, nn: str, cache_dir: Path) -> list[np.ndarray]:
-    """The spec's reference NN's residual sequences on its validation data (built/cached by approx)."""
-    from qaopt.approx import Knobs, TargetNN, build  # heavy (torch): only for the empirical model
-
-    return list(build(TargetNN.from_spec(nn, spec.nns[nn]), Knobs(), cache_dir=cache_dir).residuals)
-
-
-def error_models_of(
-    spec: AppSpec,
-    residuals: Mapping[str, Sequence[np.ndarray]] | None = None,
-    cache_dir: Path | None = None,
-) -> dict[str, ErrorModel]:
-    """The spec's error model for every calibrated NN, in the metric its ``error_metric`` declares.
-
-    ``residuals`` (NN -> residual sequences) fit the models to real NNs; the
-    ``empirical`` model without them uses the spec's reference NNs' residuals.
-    """
-    residuals = dict(residuals or {})
-    models: dict[str, ErrorModel] = {}
-    for nn in space_of(spec).nns:
-        res = residuals.get(nn)
-        if res is None and spec.calibration.error_model == "empirical":
-            res = reference_residuals(spec, nn, cache_dir if cache_dir is not None else cache_dir_of(spec))
-        models[nn] = make_error_model(spec.calibration.error_model, spec.nns[nn].error_metric.kind, res)
-    return models

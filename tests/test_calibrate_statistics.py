@@ -132,7 +132,7 @@ def test_axes_starting_above_the_reference_error_are_a_clear_error(tmp_path, mon
                           errors_of=lambda config: {"a": 0.05, "b": 0.1})
     with pytest.raises(OptimizeError, match=r"calibration.space.0 \(a\) starts at min = 0.2, above the reference NN's "
                                             r"error 0.05.*Set its min to at most 0.05"):
-        _reference(ctx, tmp_path)
+        _reference(ctx, region, tmp_path)
 
 
 def test_a_spec_run_budget_below_the_first_look_is_named_at_its_line(spec_file):

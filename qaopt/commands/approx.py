@@ -59,19 +59,19 @@ def sweep(
     space = KnobSpace.from_section(app_spec.knobs_for(nn), nn=nn)
     fixed = {k: v for k, v in {"dtype": dtype, "prune_ratio": prune_ratio}.items() if v is not None}
     fixed["finetune_steps"] = finetune_steps if finetune_steps is not None else space.choices("finetune_steps")[-1]
-    from qaopt.approx import TargetNN  # torch: imported only when a sweep runs
     from qaopt.approx import sweep as sweep_candidates
     import numpy as np
 
     from qaopt import kernels
     from qaopt.measuring import untuned_latency
+    from qaopt.on_policy import target_nns
 
     base = space.base(**fixed)
     points = _parse(values) if values else _default_values(knob, space)
     cache_dir = cache_root(configured=app_spec.output.cache_dir)
     console = Console(width=max(Console().width, 120))  # a narrower table wraps every cell
     console.print(f"loading NN {nn!r} and its data")
-    target = TargetNN.from_spec(nn, app_spec.nns[nn])
+    target = target_nns(app_spec, cache_dir, [nn])[nn]
 
     rows = []
     with Progress(

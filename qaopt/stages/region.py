@@ -8,10 +8,11 @@ Two artifacts, each with one writer:
   when it fits the spec (same simulator, QoS goal, error space and models, see
   :func:`differences`), holds the current field evidence and was calibrated with at
   least the run's budget; it replaces it otherwise, and says so (console and report).
-- ``closed_loop.json``: what closed-loop validation observed with real approximated
-  NNs in the loop. Written by the validation stage alone; each entry carries the key
-  of the application it was observed on, so entries of another simulator or goal are
-  ignored rather than misapplied.
+- ``closed_loop.json``: what closed-loop runs observed with real approximated NNs in
+  the loop, after the search (validation) or during it (:mod:`qaopt.stages.checks`).
+  Its entries are made by :func:`qaopt.stages.validation.with_validation` alone; each
+  carries the key of the application it was observed on, so entries of another
+  simulator or goal are ignored rather than misapplied.
 
 The region a run searches in is a new object built from both: the calibrated region
 with the closed-loop evidence folded in. Nothing is mutated on disk.

@@ -8,6 +8,10 @@ see :mod:`qaopt.stages.region`): the region this run uses is rebuilt with it, an
 by monotonicity every front configuration with errors at least as large is skipped
 without spending runs on it.
 
+The in-search closed-loop checks (:mod:`qaopt.stages.checks`) run configurations through
+:func:`validate_configuration` too, with fewer runs, and record what failed with
+:func:`with_validation`, the one place closed-loop runs become evidence.
+
 The runs of a configuration go through the run's executor (:mod:`qaopt.executor`):
 its NNs are shipped to the workers by value (:class:`~qaopt.executor.ShippedNN`) and
 each worker builds the application from the spec; the verdict is the same for any
@@ -69,13 +73,10 @@ def validate_front(
             continue  # ruled out by closed-loop evidence
         validation = validate_configuration(ctx, config, **run)
         validations.append(validation)
-        if validation.failures:
-            grown = evidence.with_run(ClosedLoopRun(
-                application=app, candidates=_candidates(config), errors=config.errors, passes=validation.passes,
-                failures=validation.failures, note=f"trial {config.trial}: the approximated NNs in the loop"))
-            if grown is not evidence:
-                evidence = grown
-                region = fold(calibrated, evidence.of(app))
+        grown = with_validation(evidence, ctx.spec, config, validation)
+        if grown is not evidence:
+            evidence = grown
+            region = fold(calibrated, evidence.of(app))
         if validation.accepted:
             chosen = config
             break
@@ -86,17 +87,36 @@ def validate_front(
     return FrontValidation(validations, chosen or fallback, evidence)
 
 
+def with_validation(evidence: ClosedLoopEvidence, spec: AppSpec, config: Configuration,
+                    validation: Validation) -> ClosedLoopEvidence:
+    """``evidence`` with ``config``'s closed-loop runs added when any failed (else ``evidence`` itself).
+
+    The one place closed-loop runs become evidence against an error point, for the validation
+    stage and the in-search checks alike. Runs that all passed are left out: the point is inside
+    the region already, and pooling a few real-NN passes there could stretch the certified region
+    past what the injected runs proved.
+    """
+    if not validation.failures:
+        return evidence
+    return evidence.with_run(ClosedLoopRun(
+        application=application_key(spec), candidates=_candidates(config), errors=config.errors,
+        passes=validation.passes, failures=validation.failures,
+        note=f"{validation.name}: the approximated NNs in the loop"))
+
+
 def validate_configuration(
-    ctx: SearchContext, config: Configuration, *, executor: Executor | None = None, bar: StageBar | None = None,
-    say: Callable[[str], None] | None = None,
+    ctx: SearchContext, config: Configuration, *, runs: int | None = None, executor: Executor | None = None,
+    bar: StageBar | None = None, say: Callable[[str], None] | None = None,
 ) -> Validation:
     """The closed-loop validation of one configuration, read from the cache when these NNs already ran.
 
+    ``runs`` is the most runs it may spend (default: the profile's ``validation_runs``);
     ``executor`` runs its blocks of runs (``None``: in this process); ``bar`` shows the runs
     done of those planned and the verdict so far; ``say`` gets one line with the outcome.
     """
     spec, prof = ctx.spec, ctx.profile
-    key = content_hash("validation", _candidates(config), prof.validation_runs, spec.content_hash("evaluator", "qos"),
+    runs = prof.validation_runs if runs is None else runs
+    key = content_hash("validation", _candidates(config), runs, spec.content_hash("evaluator", "qos"),
                        VALIDATION_SEED_BASE)
     path = ctx.cache_dir / "optimize" / "validation" / f"{key}.json"
     labels = {"trial": config.trial, "region_predicted_valid": config.in_region}
@@ -108,7 +128,7 @@ def validate_configuration(
         return cached.model_copy(update=labels)
     candidates = {n: ctx.build(n, c.knobs) for n, c in config.nns.items()}
     if bar is not None:
-        bar.reset(prof.validation_runs, f"{name}: 0/{prof.validation_runs} runs")
+        bar.reset(runs, f"{name}: 0/{runs} runs")
 
     def show(step: BlockProgress) -> None:
         if bar is not None:
@@ -121,7 +141,7 @@ def validate_configuration(
         nns = {n: ShippedNN(c) for n, c in candidates.items()}
         parallel = {"executor": executor, "remote": SpecEvaluator(spec)}
     validation = validate_closed_loop(
-        make_evaluator(spec), nns, spec, prof.validation_runs,
+        make_evaluator(spec), nns, spec, runs,
         threads=(ctx.target.threads or 1) if executor is None else 1, on_block=show, **parallel, **labels,
     )
     store.write_model(path, validation, VALIDATION_VERSION)
@@ -140,23 +160,6 @@ def _read_version_1(path) -> Validation | None:
         return Validation.model_validate({**data, "metrics": {k: {"mean": v / data["runs"]} for k, v in totals.items()}})
     except (ValueError, TypeError):
         return None
-
-
-def fidelity_note(spec: AppSpec, validations: list[Validation]) -> str:
-    wrong = [v for v in validations if v.verdict == "invalid" and v.region_predicted_valid]
-    if not wrong:
-        return ""
-    return (
-        f"The region (error model '{spec.calibration.error_model}') predicted {len(wrong)} configuration(s) valid that "
-        f"failed closed-loop (trials {', '.join(str(v.trial) for v in wrong)}): the real NNs' errors differ from the "
-        "injected model (bias, correlation over frames, scene-dependent failures); consider error_model: empirical."
-    )
-
-
-def fidelity(validations: list[Validation]) -> float | None:
-    """Share of decided validations whose closed-loop verdict matched the region's prediction."""
-    matched = [v.accepted == v.region_predicted_valid for v in validations if v.verdict != "undecided"]
-    return sum(matched) / len(matched) if matched else None
 
 
 def _candidates(config: Configuration) -> dict[str, str]:

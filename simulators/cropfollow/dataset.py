@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,8 @@ from qaopt.app_spec.store import atomic_path, cache_root
 
 from .config import NN_NAMES, SimConfig, check_nn
 from .errors import CropFollowParamError
-from .evaluator import Batch, FrameSource, run_batch, to_chw_float
+from .evaluator import Batch, FrameSource, run_batch
+from .frames import FrameArray
 from .field import Field
 from .render import Renderer, Scene, draw_style
 
@@ -40,48 +41,6 @@ SHARD_FRAMES = 250
 def default_cache_dir() -> Path:
     """The cache root when no folder is given (:func:`qaopt.app_spec.store.cache_root`)."""
     return cache_root()
-
-
-class FrameArray:
-    """Read-only float32 view (N, 3, H, W) in [0, 1] of uint8 (N, H, W, 3) shards.
-
-    Indexing (an int, a slice or an index array) returns a float32 ndarray;
-    ``np.asarray`` of the whole array materialises it (N * 0.9 MB at 320x240).
-    """
-
-    def __init__(self, shards: Sequence[np.ndarray], index: np.ndarray | None = None):
-        self._shards = list(shards)
-        self._starts = np.cumsum([0] + [len(s) for s in self._shards])
-        n = int(self._starts[-1])
-        self._index = np.arange(n) if index is None else np.asarray(index, dtype=np.int64)
-        h, w = (self._shards[0].shape[1:3]) if self._shards else (0, 0)
-        self.shape = (len(self._index), 3, h, w)
-        self.dtype = np.dtype(np.float32)
-        self.ndim = 4
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def uint8(self, idx: Any) -> np.ndarray:
-        """The stored frames (M, H, W, 3) uint8 at ``idx``."""
-        rows = np.atleast_1d(self._index[idx])
-        out = np.empty((rows.size, *self._shards[0].shape[1:]), dtype=np.uint8)
-        shard = np.searchsorted(self._starts, rows, side="right") - 1
-        for k in np.unique(shard):
-            sel = shard == k
-            out[sel] = self._shards[k][rows[sel] - self._starts[k]]
-        return out
-
-    def __getitem__(self, idx: Any) -> np.ndarray:
-        if isinstance(idx, tuple):
-            return self[idx[0]][(slice(None), *idx[1:])]
-        single = np.ndim(self._index[idx]) == 0
-        frames = to_chw_float(self.uint8(idx))
-        return frames[0] if single else frames
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self[:]
-        return out if dtype is None else out.astype(dtype)
 
 
 @dataclass

@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from qaopt.calibrate.protocols import Application, Injector, Perception
+from qaopt.calibrate.protocols import Application, Injector, Perception, Recording
 
 from . import dynamics as dyn
 from .config import NN_NAMES, SimConfig
 from .control import build_control
 from .errors import CropFollowParamError, PerceptionError
 from .field import N_CURVATURE_MODES, Field
+from .frames import FrameArray, to_chw_float
 from .render import Renderer, Scene, episode_style
 
 Estimator = Callable[[int, "Batch"], tuple[np.ndarray, np.ndarray]]
@@ -208,6 +209,51 @@ class CropFollowEvaluator(Application):
         return run_batch(self.config, seeds, estimate).records(self.config)
 
 
+    def record_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], steps: int,
+                          render_threads: int = 1) -> dict[str, Recording]:
+        """On-policy drives: ``nns`` steer (NNs left out are perfect) and every frame is kept with its truth.
+
+        One drive per seed of at most ``steps`` perception steps (fewer if it reaches
+        the end of the row); the frames are those ``evaluate_perception`` would render
+        for the same seeds, so a candidate measured on them errs as it will in the loop.
+        Both NNs read the same camera, so their recordings share one uint8
+        :class:`~.frames.FrameArray` (320x240 frames: 0.23 MB each).
+        """
+        self._check_names(list(nns), "record_perception")
+        seeds = check_seeds(seeds)
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 2:
+            raise CropFollowParamError("steps", f"{steps!r} must be an integer >= 2 (a drive needs consecutive frames)")
+        camera = FrameSource(self.config, seeds, render_threads)
+        cam = self.config.camera
+        frames = np.empty((len(seeds), steps, cam.height_px, cam.width_px, 3), dtype=np.uint8)
+        truth = np.empty((len(seeds), steps, len(self.nn_names)))
+        kept = np.zeros(len(seeds), dtype=int)
+        plan = [(name, nns.get(name)) for name in self.nn_names]
+
+        def estimate(step: int, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+            active = np.flatnonzero(batch.active)
+            frames[active, step] = camera.frames_uint8(batch, active, step)
+            truth[active, step] = batch.truth[:, active].T
+            kept[active] += 1
+            images = to_chw_float(frames[active, step])
+            out = []
+            for row, (name, nn) in zip(batch.truth, plan):
+                est = row.copy()
+                if nn is not None:
+                    est[active] = _as_estimate(_to_numpy(nn(images)), name, active.size)
+                out.append(est)
+            return out[0], out[1]
+
+        run_batch(self.config, seeds, estimate, max_steps=steps)
+        # Episodes stay active until they end, so each drive's frames are its first kept[d] steps.
+        keep = np.arange(steps)[None, :] < kept[:, None]
+        images = FrameArray([frames[keep]])
+        starts = np.concatenate([[0], np.cumsum(kept)])
+        sequences = tuple(np.arange(a, b) for a, b in zip(starts[:-1], starts[1:]))
+        labels = truth[keep].astype(np.float32)
+        return {name: Recording(images, labels[:, i : i + 1], sequences) for i, name in enumerate(self.nn_names)}
+
+
 class FrameSource:
     """Renders the camera frames of a batch of episodes (one scene and look per seed)."""
 
@@ -238,11 +284,6 @@ class FrameSource:
     def frames(self, batch: Batch, which: np.ndarray, step: int) -> np.ndarray:
         """Float32 (len(which), 3, H, W) in [0, 1]: what the NNs of those episodes see now."""
         return to_chw_float(self.frames_uint8(batch, which, step))
-
-
-def to_chw_float(images: np.ndarray) -> np.ndarray:
-    """uint8 (N, H, W, 3) frames -> float32 (N, 3, H, W) in [0, 1], the NNs' input."""
-    return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32) * np.float32(1 / 255)
 
 
 def _to_numpy(value: Any) -> Any:

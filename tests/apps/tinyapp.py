@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from qaopt.calibrate.protocols import Application, Injector, Perception
+from qaopt.calibrate.protocols import Application, Injector, Perception, Recording
 
 STEPS = 30
 WINDOW = 5
@@ -130,3 +130,22 @@ class TinyEvaluator(Application):
             if name in nns:
                 est[:, :, k] = np.asarray(nns[name](images)).reshape(len(seeds), self.steps)
         return self._qos(est - truth)
+
+
+class RecordingTinyEvaluator(TinyEvaluator):
+    """The tiny application that can also record on-policy drives (:class:`qaopt.calibrate.Recorder`).
+
+    Its world does not react to the NNs, so a drive's images are those of
+    ``evaluate_perception``; ``recorded`` counts the calls, so tests see the cache work.
+    """
+
+    recorded = 0
+
+    def record_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], steps: int) -> dict[str, Recording]:
+        type(self).recorded += 1
+        steps = min(steps, self.steps)
+        truth = np.stack([_drive(s)[:steps] for s in seeds]).reshape(-1, 2)
+        images = _images(truth, np.random.default_rng(list(seeds)))
+        sequences = tuple(np.arange(i * steps, (i + 1) * steps) for i in range(len(seeds)))
+        return {name: Recording(images, truth[:, k : k + 1].astype(np.float32), sequences)
+                for k, name in enumerate(NAMES)}

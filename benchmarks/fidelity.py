@@ -1,0 +1,162 @@
+"""Fidelity (issue #13), part 2: does each error model's region predict the real NNs' closed-loop verdicts?
+
+    .venv/bin/python benchmarks/fidelity.py --closed-loop DIR [DIR ...] [--budget 20]
+                                            [--models gaussian,ar1,empirical,shaped] [--out docs/benchmarks/fidelity.json]
+
+``DIR`` holds what ``benchmarks/fidelity_closed_loop.py`` wrote on the machine that ran the real
+approximated NNs closed-loop: ``fidelity_log.txt`` (each NN variant's on-policy and dataset L1),
+``fidelity_residuals.npz`` (its on-policy residual sequences) and the configurations' closed-loop
+records (``closed_loop/<id>.json``, or their concatenation ``*.jsonl``). Several DIRs are merged: a
+configuration keeps the variant errors of the run that validated it (fine-tuning on a GPU is not
+bitwise reproducible, so a variant rebuilt on another machine errs a little differently).
+
+For each error model, the shipped example's calibration (its strategy, certifier and ``--budget``
+evaluations, on this machine) charts a region in the example's coordinates: each NN's L1 on the
+on-policy drives (``calibration.error_data``). A configuration's point is its NNs' on-policy L1; the
+region says valid when it certifies the point. ``ar1@dataset`` is the product before on-policy error
+data: the ar1 region with each configuration placed at its dataset-drive L1. Compared with the
+closed-loop verdicts (the spec's acceptance test on 48 runs of 100 m): agreement on the decided
+configurations, false-valid count (region valid, closed loop invalid), and the calibration's cost.
+Writes ``--out`` and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NNS = ("heading", "distance")
+LOG_LINE = re.compile(r"\] (?P<name>[\w-]+): on-policy L1 (?P<on>[\d.e-]+), dataset L1 (?P<ds>[\d.e-]+)")
+DATASET_COORDINATES = "@dataset"
+
+
+def read_closed_loop(folder: Path) -> tuple[dict, list[dict]]:
+    """(variant -> {on_policy, dataset} L1, closed-loop records) of one device run folder."""
+    variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"])}
+                for m in LOG_LINE.finditer((folder / "fidelity_log.txt").read_text())}
+    texts = [p.read_text() for p in sorted((folder / "closed_loop").glob("*.json"))] if (folder / "closed_loop").is_dir() \
+        else [t for p in sorted(folder.glob("*.jsonl")) for t in p.read_text().replace("}{", "}\n{").splitlines()]
+    return variants, [json.loads(t) for t in texts if t.strip()]
+
+
+def merged(folders: list[Path]) -> list[dict]:
+    """Every configuration once (a later folder's record replaces an earlier one's), with its points."""
+    configs = {}
+    for folder in folders:
+        variants, records = read_closed_loop(folder)
+        for rec in records:
+            points = {kind: {nn: variants[rec[nn]][kind] for nn in NNS} for kind in ("on_policy", "dataset")}
+            configs[rec["id"]] = {**rec, "points": points, "source": folder.name}
+    return [configs[i] for i in sorted(configs)]
+
+
+def calibrate(spec, model: str, budget: int) -> tuple[object, dict]:
+    from qaopt.region_calibration import build_calibration
+
+    spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"error_model": model})})
+    start = time.perf_counter()
+    cal = build_calibration(spec)
+    region = cal.search(spec.calibration.strategy, budget, runs=spec.calibration.runs)
+    return region, {"simulator_runs": int(region.trials), "evaluations": int(region.evaluations),
+                    "seconds": round(time.perf_counter() - start, 1)}
+
+
+def reach(region, reference: dict) -> dict:
+    """How far the certified region reaches along each axis from the reference point (the others held there)."""
+    import numpy as np
+
+    out = {}
+    for axis in region.space.axes:
+        grid = np.linspace(reference[axis.name], axis.max, 400)
+        inside = [v for v in grid if region.contains({**reference, axis.name: float(v)})]
+        out[axis.name] = round(float(max(inside)), 4) if inside else None
+    return out
+
+
+def score(region, configs: list[dict], coordinates: str) -> dict:
+    decided = [c for c in configs if c["verdict"] != "undecided"]
+    said = {c["id"]: bool(region.contains(c["points"][coordinates])) for c in configs}
+    agree = [said[c["id"]] == (c["verdict"] == "valid") for c in decided]
+    return {
+        "decided": len(decided),
+        "agreement": round(sum(agree) / len(agree), 4) if agree else None,
+        "false_valid": sum(said[c["id"]] and c["verdict"] == "invalid" for c in decided),
+        "region_valid": said,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--closed-loop", type=Path, nargs="+", required=True)
+    ap.add_argument("--spec", type=Path, default=REPO / "examples" / "cropfollow.yaml")
+    ap.add_argument("--budget", type=int, default=None, help="calibration evaluations (default: the spec's)")
+    ap.add_argument("--models", default="gaussian,ar1,empirical,shaped")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity.json")
+    args = ap.parse_args()
+
+    from qaopt.spec import load_spec
+
+    spec = load_spec(args.spec)
+    budget = args.budget or spec.calibration.budget
+    configs = merged(args.closed_loop)
+    models, regions = {}, {}
+    for model in args.models.split(","):
+        region, cost = calibrate(spec, model, budget)
+        regions[model] = region
+        reference = next(c for c in configs if c["heading"].endswith("ref") and c["distance"].endswith("ref"))
+        models[model] = {**score(region, configs, "on_policy"), **cost, "closed_loop_runs": 0,
+                         "reach": reach(region, reference["points"]["on_policy"])}
+        print(f"{model}: {models[model]['agreement']} agreement, {models[model]['false_valid']} false-valid, "
+              f"{cost['simulator_runs']} simulator runs, {cost['seconds']} s", flush=True)
+    if "ar1" in regions:  # the product before on-policy error data: the same region, dataset-drive coordinates
+        models["ar1" + DATASET_COORDINATES] = {**score(regions["ar1"], configs, "dataset"),
+                                               **{k: models["ar1"][k] for k in ("simulator_runs", "evaluations",
+                                                                                "seconds", "closed_loop_runs")},
+                                               "reach": reach(regions["ar1"], reference["points"]["dataset"])}
+    best = max(models, key=lambda m: ((models[m]["agreement"] or 0.0), -models[m]["false_valid"],
+                                      -models[m]["simulator_runs"]))
+    out = {
+        "configurations": len(configs),
+        "models": models,
+        "best": best,
+        "budget": budget,
+        "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
+        "closed_loop": {"runs": sum(c["runs"] for c in configs), "sources": [str(p) for p in args.closed_loop],
+                        "verdicts": {c["id"]: c["verdict"] for c in configs}},
+        "truth": [{k: c[k] for k in ("id", "heading", "distance", "runs", "failures", "verdict", "points", "source")}
+                  for c in configs],
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+    print(f"\n{len(configs)} configurations, {out['closed_loop']['runs']} closed-loop runs of "
+          f"{spec.evaluator.simulator.params.get('run_length_m', '?')} m; calibration budget {budget}\n")
+    print("| error model | decided | agreement | false-valid | simulator runs | calibration s | certified up to "
+          "(other NN at the reference) |")
+    print("|---|---|---|---|---|---|---|")
+    for m, r in models.items():
+        agreement = f"{100 * r['agreement']:.0f} %" if r["agreement"] is not None else "-"
+        up_to = ", ".join(f"{nn} {v:g}" if v is not None else f"{nn} -" for nn, v in r["reach"].items())
+        print(f"| {m} | {r['decided']} | {agreement} | {r['false_valid']} | {r['simulator_runs']} | {r['seconds']} "
+              f"| {up_to} |")
+    print(f"\nbest: {best}\n")
+    names = list(models)
+    print("| # | heading | distance | closed loop | " + " | ".join(names) + " |")
+    print("|---|---|---|---|" + "---|" * len(names))
+    for c in configs:
+        p = c["points"]["on_policy"]
+        cells = " | ".join("valid" if models[m]["region_valid"][c["id"]] else "-" for m in names)
+        print(f"| {c['id']} | {c['heading']} ({p['heading']:.3g}) | {c['distance']} ({p['distance']:.3g}) | "
+              f"{c['failures']}/{c['runs']} {c['verdict']} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()

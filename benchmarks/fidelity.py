@@ -11,8 +11,9 @@ configuration keeps the variant errors of the run that validated it (fine-tuning
 bitwise reproducible, so a variant rebuilt on another machine errs a little differently).
 
 For each error model, the shipped example's calibration (its strategy, certifier and ``--budget``
-evaluations, on this machine) charts a region in the example's coordinates: each NN's L1 on the
-on-policy drives (``calibration.error_data``). A configuration's point is its NNs' on-policy L1; the
+evaluations, on this machine) charts a region in on-policy coordinates: each NN's L1 on the
+on-policy drives (``calibration.error_data``; the fitted models are fitted to the reference's
+on-policy residuals). A configuration's point is its NNs' on-policy L1; the
 region says valid when it certifies the point. ``ar1@dataset`` is the product before on-policy error
 data: the ar1 region with each configuration placed at its dataset-drive L1. Compared with the
 closed-loop verdicts (the spec's acceptance test on 48 runs of 100 m): agreement on the decided
@@ -59,7 +60,11 @@ def merged(folders: list[Path]) -> list[dict]:
 def calibrate(spec, model: str, budget: int) -> tuple[object, dict]:
     from qaopt.region_calibration import build_calibration
 
-    spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"error_model": model})})
+    # The configurations' points are on-policy L1, so the fitted models (empirical, shaped) are fitted to the
+    # reference's on-policy residuals too, whatever the spec measures on.
+    on_policy = spec.calibration.error_data.model_copy(update={"source": "on-policy"})
+    spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(
+        update={"error_model": model, "error_data": on_policy})})
     start = time.perf_counter()
     cal = build_calibration(spec)
     region = cal.search(spec.calibration.strategy, budget, runs=spec.calibration.runs)

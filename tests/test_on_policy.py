@@ -66,3 +66,18 @@ def test_a_broken_recording_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(tinyapp.RecordingTinyEvaluator, "record_perception", short)
     with pytest.raises(QaoptError, match=r"record_perception, NN 'a': truth has shape \(35, 1\) for 36 inputs"):
         target_nns(_spec(tmp_path), tmp_path / "cache")
+
+
+@pytest.mark.parametrize("residuals, reason", [
+    ([np.zeros(200)], "all 200 residuals equal 0"),
+    ([np.ones(10) * 0.1], "50"),
+    ([np.r_[np.full(100, np.nan), np.linspace(0, 1, 100)]], "NaN"),
+])
+def test_an_error_model_that_cannot_be_fitted_names_the_nn_and_the_reason(tmp_path, residuals, reason):
+    from qaopt.calibrate import CalibrationError
+    from qaopt.region_calibration import error_models_of
+
+    spec = _spec(tmp_path)
+    spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"error_model": "shaped"})})
+    with pytest.raises(CalibrationError, match=rf"calibration\.error_model shaped for nns\.a: .*{reason}"):
+        error_models_of(spec, {"a": residuals, "b": residuals}, tmp_path / "cache")

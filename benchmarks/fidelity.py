@@ -4,7 +4,8 @@
                                             [--models gaussian,ar1,empirical,shaped] [--out docs/benchmarks/fidelity.json]
 
 ``DIR`` holds what ``benchmarks/fidelity_closed_loop.py`` wrote on the machine that ran the real
-approximated NNs closed-loop: ``fidelity_log.txt`` (each NN variant's on-policy and dataset L1),
+approximated NNs closed-loop: ``variants.json`` or ``fidelity_log.txt`` (each NN variant's on-policy
+and dataset L1),
 ``fidelity_residuals.npz`` (its on-policy residual sequences) and the configurations' closed-loop
 records (``closed_loop/<id>.json``, or their concatenation ``*.jsonl``). Several DIRs are merged: a
 configuration keeps the variant errors of the run that validated it (fine-tuning on a GPU is not
@@ -39,8 +40,12 @@ DATASET_COORDINATES = "@dataset"
 
 def read_closed_loop(folder: Path) -> tuple[dict, list[dict]]:
     """(variant -> {on_policy, dataset} L1, closed-loop records) of one device run folder."""
-    variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"])}
-                for m in LOG_LINE.finditer((folder / "fidelity_log.txt").read_text())}
+    if (folder / "variants.json").exists():
+        variants = {n: {"on_policy": v["on_policy_error"], "dataset": v["dataset_error"]}
+                    for n, v in json.loads((folder / "variants.json").read_text()).items()}
+    else:  # a run cut off before variants.json existed: its log has the same figures
+        variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"])}
+                    for m in LOG_LINE.finditer((folder / "fidelity_log.txt").read_text())}
     texts = [p.read_text() for p in sorted((folder / "closed_loop").glob("*.json"))] if (folder / "closed_loop").is_dir() \
         else [t for p in sorted(folder.glob("*.jsonl")) for t in p.read_text().replace("}{", "}\n{").splitlines()]
     return variants, [json.loads(t) for t in texts if t.strip()]

@@ -15,7 +15,8 @@ short and long fine-tuning, pairs that mix) it
    process pool, the NNs on the GPU (int8 graphs on ONNX Runtime, one CPU thread each), and judges
    them with the spec's acceptance test on the fixed set of runs.
 
-Writes ``DIR/fidelity_truth.json`` (per configuration: knobs, errors, runs, failures, verdict) and
+Writes ``DIR/fidelity_truth.json`` (per configuration: knobs, errors, runs, failures, verdict, each run's
+QoS metric in seed order), ``DIR/variants.json`` (each NN variant's errors, as soon as they are built) and
 ``DIR/fidelity_residuals.npz`` (per NN variant: on-policy residual and truth sequences). Resumable:
 each finished configuration is kept in ``DIR/closed_loop/<id>.json`` and skipped on a re-run.
 ``benchmarks/fidelity.py`` reads these files and compares the error models' regions with them.
@@ -189,6 +190,8 @@ def main() -> None:
     start = time.perf_counter()
     variants, sequences = build_variants(spec, cache, args.device, {v for i in chosen for v in CONFIGURATIONS[i]}, log)
     np.savez_compressed(args.out / "fidelity_residuals.npz", **sequences)
+    (args.out / "variants.json").write_text(json.dumps(
+        {n: {k: v for k, v in var.items() if k != "cand"} for n, var in variants.items()}, indent=1))
     build_s = time.perf_counter() - start
 
     params = dict(spec.evaluator.simulator.params)
@@ -218,7 +221,8 @@ def main() -> None:
                 h, d = CONFIGURATIONS[i]
                 row = {"id": i, "heading": h, "distance": d, "runs": len(records), "failures": failures,
                        "verdict": test.decide_fixed(failures, len(records)).value,
-                       "mean_distance_m": float(np.mean([r["distance_m"] for r in records]))}
+                       "mean_distance_m": float(np.mean([r["distance_m"] for r in records])),
+                       "qos": [float(r[goal.metric]) for r in records]}  # per run, in seed order: replayable
                 (done_dir / f"{i}.json").write_text(json.dumps(row))
                 log(f"configuration {i} {h} + {d}: {failures}/{len(records)} failed -> {row['verdict']}")
     loop_s = time.perf_counter() - loop_start

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from qaopt.executor import ShippedNN
+
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 8
 
@@ -74,43 +76,26 @@ CONFIGURATIONS = [
 ]
 
 
-class InLoopNN:
-    """A candidate as a picklable perception callable for a worker: torch on ``device``, or its int8 ONNX bytes."""
+class InLoopNN(ShippedNN):
+    """A candidate as a picklable perception callable, its torch module on ``device`` (int8 graphs stay on
+    ONNX Runtime on one CPU thread, as :class:`qaopt.executor.ShippedNN` runs them)."""
 
     def __init__(self, candidate, device: str):
-        self.module = candidate.module if candidate.onnx_path is None else None
-        self.onnx = Path(candidate.onnx_path).read_bytes() if candidate.onnx_path is not None else None
+        super().__init__(candidate)
         self.device = device
-        self._run = None
 
     def __getstate__(self) -> dict:
-        return {"module": self.module, "onnx": self.onnx, "device": self.device, "_run": None}
+        return {**super().__getstate__(), "device": self.device}
 
     def __call__(self, x):
-        if self._run is None:
-            self._run = self._open()
-        return self._run(np.asarray(x, dtype=np.float32))
-
-    def _open(self):
-        if self.onnx is not None:
-            import onnxruntime as ort
-
-            from qaopt.approx.quantize import predict_onnx
-
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-            session = ort.InferenceSession(self.onnx, opts, providers=["CPUExecutionProvider"])
-            return lambda x: predict_onnx(session, x, batch=len(x))
+        if self.module is None:
+            return super().__call__(x)
         import torch
 
-        module = self.module.to(self.device).eval()
-        dtype = next(module.parameters()).dtype
-
-        def run(x):
-            with torch.inference_mode():
-                return module(torch.from_numpy(x).to(self.device, dtype)).float().cpu().numpy()
-
-        return run
+        module = self.module.to(self.device)
+        with torch.inference_mode():
+            x = torch.from_numpy(np.asarray(x, dtype=np.float32)).to(self.device, next(module.parameters()).dtype)
+            return module(x).float().cpu().numpy()
 
 
 def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
@@ -127,11 +112,12 @@ def build_variants(spec, cache: Path, device: str, names: set[str], log) -> tupl
     """The NN variants ``names`` built, with their on-policy and dataset errors and on-policy sequences."""
     from qaopt import kernels
     from qaopt.approx import KnobSpace, TargetNN, build
-    from qaopt.executor import ShippedNN
     from qaopt.on_policy import target_nns
 
     t0 = time.perf_counter()
-    on_policy = target_nns(spec, cache)
+    recording = spec.calibration.error_data.model_copy(update={"source": "on-policy"})  # whatever the spec says
+    on_policy = target_nns(spec.model_copy(update={"calibration": spec.calibration.model_copy(
+        update={"error_data": recording})}), cache)
     log(f"on-policy drives recorded/read in {time.perf_counter() - t0:.0f} s")
     dataset = {n: TargetNN.from_spec(n, spec.nns[n]) for n in spec.nns}
     variants, sequences = {}, {}

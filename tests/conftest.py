@@ -15,6 +15,8 @@ APPS = REPO / "tests" / "apps"
 # Test applications (tests/apps/*.py) are named in specs as `module:attr` entry points.
 sys.path.insert(0, str(APPS))
 
+from specs import CALIBRATE_SPEC  # noqa: E402 - tests/apps is on the path only now
+
 
 # Commands run their simulator runs in this process unless a test asks for a pool or a cluster
 # (tests/test_scale_out.py): a pool per test would cost seconds and hide monkeypatched objects.
@@ -36,36 +38,7 @@ def example_spec_path() -> Path:
     return EXAMPLE_SPEC
 
 
-CALIBRATE_SPEC = """
-app: {name: synthetic}
-evaluator:
-  simulator:
-    entry_point: qaopt.calibrate.synthetic:SuperellipseApp
-    params: {limits: {LIMITS}, steps: 300}
-qos:
-  metric: failed
-  max: 0.0
-  acceptance: {max_failure_rate: 0.05, confidence: 0.9, min_trials: 8, max_trials: 96}
-nns:
-  heading:
-    model: qaopt.simulators.cropfollow:reference_nn
-    input_shape: [1, 3, 240, 320]
-    outputs: [{name: heading, unit: deg}]
-    error_metric: {kind: l1, output: heading}
-    data: {source: qaopt.simulators.cropfollow:reference_dataset}
-  distance:
-    model: qaopt.simulators.cropfollow:reference_nn
-    input_shape: [1, 3, 240, 320]
-    outputs: [{name: distance, unit: ratio}]
-    error_metric: {kind: l1, output: distance}
-    data: {source: qaopt.simulators.cropfollow:reference_dataset}
-calibration:
-  strategy: monotone
-  budget: 6
-  space:
-    - {nn: heading, max: 15.0}
-    - {nn: distance, max: 0.15}
-"""
+
 
 
 @pytest.fixture

@@ -28,40 +28,16 @@ from qaopt.executor import ClusterExecutor, ExecutorError, LocalPool, open_execu
 APPS = Path(__file__).resolve().parent / "apps"
 sys.path.insert(0, str(APPS))
 
+from specs import CALIBRATE_SPEC  # noqa: E402
 from flaky import DIE_MARKER, ScriptedPerceptionApp, killed_once  # noqa: E402
 
-SPEC = """
-app: {name: flaky}
-evaluator:
-  simulator:
-    entry_point: flaky:FlakyApp
-    params: {limits: {heading: 10.0, distance: 0.1}, steps: 100}
-qos:
-  metric: failed
-  max: 0.0
-  acceptance: {max_failure_rate: 0.05, confidence: 0.9, min_trials: 8, max_trials: 96}
-nns:
-  heading:
-    model: qaopt.simulators.cropfollow:reference_nn
-    input_shape: [1, 3, 240, 320]
-    outputs: [{name: heading, unit: deg}]
-    error_metric: {kind: l1, output: heading}
-    data: {source: qaopt.simulators.cropfollow:reference_dataset}
-  distance:
-    model: qaopt.simulators.cropfollow:reference_nn
-    input_shape: [1, 3, 240, 320]
-    outputs: [{name: distance, unit: ratio}]
-    error_metric: {kind: l1, output: distance}
-    data: {source: qaopt.simulators.cropfollow:reference_dataset}
-calibration:
-  strategy: monotone
-  certifier: per-point  # the sequential per-point verdicts are what must not depend on the workers
-  budget: 5
-  space:
-    - {nn: heading, max: 15.0}
-    - {nn: distance, max: 0.15}
-output: {dir: runs, cache_dir: cache}
-"""
+# The shared calibrate spec of tests/conftest.py on the flaky app; per-point, because the sequential
+# per-point verdicts are what must not depend on the workers.
+SPEC = (CALIBRATE_SPEC.replace("app: {name: synthetic}", "app: {name: flaky}")
+        .replace("qaopt.calibrate.synthetic:SuperellipseApp", "flaky:FlakyApp")
+        .replace("{LIMITS}", "{heading: 10.0, distance: 0.1}").replace("steps: 300", "steps: 100")
+        .replace("  budget: 6\n", "  certifier: per-point\n  budget: 5\n")
+        + "output: {dir: runs, cache_dir: cache}\n")
 
 
 class ShuffledApp(SuperellipseApp):

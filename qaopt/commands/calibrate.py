@@ -8,14 +8,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from qaopt.spec import load_spec
 
@@ -55,6 +47,7 @@ def calibrate(
     from qaopt.executor import open_executor
     from qaopt.field.evidence import spec_evidence
     from qaopt.region_calibration import build_calibration, calibrate_spec, plot_spec_region
+    from qaopt.stages import stage_progress
 
     plot_axes, plot_at = _axis_names(axes), _levels(at or [])
     if plot:
@@ -69,11 +62,8 @@ def calibrate(
     cal = build_calibration(app_spec)
     field = spec_evidence(app_spec)  # runs logged in evaluator.field.store, if the spec names one
     total = app_spec.calibration.budget if budget is None else budget
-    with open_executor(cluster=cluster, workers=workers, spec=app_spec) as executor, Progress(
-        TextColumn("[bold]calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.description}"), console=console,
-        transient=True, disable=quiet,
-    ) as bar:
+    with open_executor(cluster=cluster, workers=workers, spec=app_spec) as executor, \
+            stage_progress("calibrating", console, disable=quiet) as bar:
         cal.use(executor)
         if executor is not None:
             console.print(f"simulator runs on {getattr(executor, 'where', type(executor).__name__)}")

@@ -29,6 +29,13 @@ from rich.progress import (
 )
 
 
+def stage_progress(label: str, console: Console, disable: bool = False) -> Progress:
+    """The one look of qaopt's progress bars: label, bar, done of total, elapsed and time left, a status line."""
+    return Progress(TextColumn(f"[bold]{label}[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.description}"), console=console,
+                    transient=True, disable=disable)
+
+
 class StageBar:
     """A stage's progress: done of total (``total=None``: unknown yet), with a line saying where it stands.
 
@@ -72,11 +79,7 @@ class StageClock:
             self.console.log(f"{name}…")
             yield StageBar(None, None)
         else:
-            with Progress(
-                TextColumn(f"[bold]{name}[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.description}"),
-                console=self.console, transient=True,
-            ) as progress:
+            with stage_progress(name, self.console) as progress:
                 yield StageBar(progress, progress.add_task("", total=total))
         self.seconds[name] = round(time.perf_counter() - start, 2)
         self.console.log(f"{name}: done in {self.seconds[name]:.1f} s")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -360,6 +360,24 @@ class TargetSpec(Section):
         return self
 
 
+TrainingDevice = Literal["auto", "cpu", "cuda"]
+TRAINING_DEVICES: tuple[str, ...] = get_args(TrainingDevice)
+
+
+class TrainingSpec(Section):
+    """Where NNs are trained (pruning ladders, fine-tuning), apart from the target their latency is measured on.
+
+    Training belongs where the compute is (a workstation's GPU), measurement where the
+    robot is (``target``): a candidate fine-tuned on a GPU is cached like one fine-tuned
+    on the CPU and serves runs on either.
+    """
+
+    device: TrainingDevice = Field("auto", description=(
+        "torch device that trains: auto (cuda when torch sees a GPU, else cpu), cpu or cuda"))
+    required: bool = Field(False, description=(
+        "with device: cuda, fail when there is no GPU instead of training on the CPU with a notice"))
+
+
 MAX_CHECKS_PER_ROUND = 100
 """Upper bound of ``search.closed_loop.configurations``: a front rarely holds more, and each costs a block of runs."""
 
@@ -415,6 +433,7 @@ class AppSpec(Section):
     calibration: CalibrationSpec
     approximations: dict[str, PassSections] = Field(default_factory=dict)
     target: TargetSpec = Field(default_factory=TargetSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
     search: SearchSpec = Field(default_factory=SearchSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
     source: Path | None = Field(None, exclude=True, description="the YAML file this spec was read from")
@@ -451,5 +470,6 @@ class AppSpec(Section):
         Calibration keys on ``evaluator``, ``qos`` and ``calibration`` so that changing the
         search budget never invalidates a region.
         """
-        names = sections or tuple(n for n in type(self).model_fields if n not in ("output", "source", "plugins"))
+        # Where NNs train does not change what they are (candidates are keyed without it), so it keys nothing.
+        names = sections or tuple(n for n in type(self).model_fields if n not in ("output", "source", "plugins", "training"))
         return content_hash({n: getattr(self, n) for n in names})

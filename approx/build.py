@@ -24,8 +24,9 @@ from qaopt.app_spec.hashing import content_hash
 
 from .cache import Store
 from .candidate import Candidate
-from .finetune import Distiller, FinetuneRecipe
+from .finetune import Distiller, FinetuneRecipe, teacher_outputs
 from .knobs import Knobs
+from .ladder import Ladder
 from .passes import BuildContext, OnnxToolchain, Runnable, passes
 from .quantize import predict_onnx, predict_torch
 from .target import TargetNN
@@ -123,9 +124,11 @@ def _load(store: Store, folder: Path, meta: dict, nn_name: str, knobs: Knobs, on
 
 def _context(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, device: str,
              onnx: OnnxToolchain | None, progress: Progress) -> BuildContext:
-    distiller = Distiller(nn_.data.x_train, nn_.data.y_train, lambda: _teacher_outputs(nn_, store), recipe, knobs.seed, device)
+    teacher = lambda: teacher_outputs(nn_, store, device)  # noqa: E731
+    distiller = Distiller(nn_.data.x_train, nn_.data.y_train, teacher, recipe, knobs.seed, device)
     phases = sum(p.damage_phases(knobs) for p in passes("float"))
-    return BuildContext(nn=nn_, knobs=knobs, distiller=distiller, progress=progress, phases=phases, onnx=onnx)
+    return BuildContext(nn=nn_, knobs=knobs, distiller=distiller, progress=progress, phases=phases, onnx=onnx,
+                        ladder=lambda ladder: Ladder(nn_, ladder, recipe, store, teacher, device=device, progress=progress))
 
 
 def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, ctx: BuildContext) -> tuple[str, nn.Module]:
@@ -145,11 +148,3 @@ def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Sto
         with store.writing("float", key) as tmp:
             store.save_module(model, tmp)
         return key, model
-
-
-def _teacher_outputs(nn_: TargetNN, store: Store) -> np.ndarray:
-    outputs = store.teacher_outputs(nn_.fingerprint)
-    if outputs is None:
-        outputs = predict_torch(copy.deepcopy(nn_.model).float().eval(), nn_.data.x_train)
-        store.save_teacher_outputs(nn_.fingerprint, outputs)
-    return outputs

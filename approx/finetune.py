@@ -8,6 +8,7 @@ candidate's cost is known before it is built; the defaults fit a CPU.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -17,6 +18,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .cache import Store
+from .quantize import predict_torch
+from .target import TargetNN
 
 
 @dataclass(frozen=True)
@@ -93,3 +98,12 @@ class Distiller:
             self.loss(student, self.batch()).backward()
             opt.step()
         student.cpu().eval()
+
+
+def teacher_outputs(nn_: TargetNN, store: Store, device: str = "cpu") -> np.ndarray:
+    """The unpruned NN's outputs on its training data: what every student of it distils from (computed once, cached)."""
+    outputs = store.teacher_outputs(nn_.fingerprint)
+    if outputs is None:
+        outputs = predict_torch(copy.deepcopy(nn_.model).float().eval(), nn_.data.x_train, device=device)
+        store.save_teacher_outputs(nn_.fingerprint, outputs)
+    return outputs

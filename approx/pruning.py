@@ -87,6 +87,39 @@ def _layer_ratios(model: nn.Module, heads: list[nn.Module], knobs, nn_name: str)
     return exact
 
 
+def _pruner(model: nn.Module, example: torch.Tensor, importance: str, ratio_dict: dict, steps: int,
+            heads: list[nn.Module], nn_name: str, knob: str):
+    """torch-pruning's pruner for exact per-layer ratios, its tracing failures turned into an :class:`ApproxError` on ``knob``."""
+    scorer = tp.importance.GroupTaylorImportance() if importance == "taylor" else tp.importance.GroupMagnitudeImportance(p=1)
+    try:
+        return tp.pruner.BasePruner(
+            model, example, importance=scorer, pruning_ratio=0.0, pruning_ratio_dict=ratio_dict,
+            iterative_steps=steps, ignored_layers=heads,
+        )
+    except Exception as exc:  # torch-pruning raises whatever the traced forward raises
+        raise ApproxError(
+            nn_name,
+            knob,
+            f"torch-pruning cannot trace the model ({type(exc).__name__}: {exc}); "
+            "its forward must run on a tensor of input_shape with plain torch ops, or set prune_ratio to 0",
+        ) from exc
+
+
+def _step(pruner, model: nn.Module, importance: str, taylor_loss: Callable[[], torch.Tensor] | None) -> None:
+    if taylor_loss is not None and importance == "taylor":
+        model.zero_grad()
+        taylor_loss().backward()
+    pruner.step()
+    model.zero_grad(set_to_none=True)
+
+
+def _check_shape(model: nn.Module, example: torch.Tensor, reference: torch.Tensor, nn_name: str, knob: str) -> None:
+    with torch.no_grad():
+        shape = model(example).shape
+    if shape != reference.shape:
+        raise ApproxError(nn_name, knob, f"pruning changed the output shape {tuple(reference.shape)} to {tuple(shape)}")
+
+
 def prune(
     model: nn.Module,
     example: torch.Tensor,
@@ -105,35 +138,48 @@ def prune(
         raise ApproxError(nn_name, "importance", "taylor importance needs training data for gradients")
     heads = output_heads(model, example)
     ratio_dict = _layer_ratios(model, heads, knobs, nn_name)
-    importance = tp.importance.GroupTaylorImportance() if knobs.importance == "taylor" else tp.importance.GroupMagnitudeImportance(p=1)
     with torch.no_grad():
         reference = model(example)
-    try:
-        pruner = tp.pruner.BasePruner(
-            model,
-            example,
-            importance=importance,
-            pruning_ratio=0.0,
-            pruning_ratio_dict=ratio_dict,
-            iterative_steps=knobs.prune_steps,
-            ignored_layers=heads,
-        )
-    except Exception as exc:  # torch-pruning raises whatever the traced forward raises
-        raise ApproxError(
-            nn_name,
-            "prune_ratio",
-            f"torch-pruning cannot trace the model ({type(exc).__name__}: {exc}); "
-            "its forward must run on a tensor of input_shape with plain torch ops, or set prune_ratio to 0",
-        ) from exc
+    pruner = _pruner(model, example, knobs.importance, ratio_dict, knobs.prune_steps, heads, nn_name, "prune_ratio")
     for step in range(knobs.prune_steps):
-        if taylor_loss is not None and knobs.importance == "taylor":
-            model.zero_grad()
-            taylor_loss().backward()
-        pruner.step()
-        model.zero_grad(set_to_none=True)
+        _step(pruner, model, knobs.importance, taylor_loss)
         after_step(step)
+    _check_shape(model, example, reference, nn_name, "prune_ratio")
+    return model
+
+
+def channel_counts(model: nn.Module) -> dict[str, int]:
+    """Output channels of every prunable layer, by module name: the widths a ladder's rungs are measured against."""
+    return {name: _out_channels(m) for name, m in model.named_modules() if isinstance(m, _PRUNABLE)}
+
+
+def prune_to(
+    model: nn.Module,
+    example: torch.Tensor,
+    widths: dict[str, int],
+    importance: str,
+    nn_name: str,
+    *,
+    taylor_loss: Callable[[], torch.Tensor] | None = None,
+) -> nn.Module:
+    """Prune ``model`` in place, in one step, until each named layer has ``widths[name]`` output channels.
+
+    A ladder's rungs are fractions of the *original* widths, so each rung removes
+    exactly what separates it from the next, whatever earlier rungs removed.
+    Output heads and layers already at their width are left alone.
+    """
+    heads = output_heads(model, example)
+    modules = dict(model.named_modules())
+    ratio_dict = {}
+    for name, width in widths.items():
+        module = modules[name]
+        channels = _out_channels(module)
+        if module not in heads and width < channels:
+            ratio_dict[module] = 1.0 - (width + 0.5) / channels
+    if not ratio_dict:
+        return model
     with torch.no_grad():
-        shape = model(example).shape
-    if shape != reference.shape:
-        raise ApproxError(nn_name, "prune_ratio", f"pruning changed the output shape {tuple(reference.shape)} to {tuple(shape)}")
+        reference = model(example)
+    _step(_pruner(model, example, importance, ratio_dict, 1, heads, nn_name, "pruning.ladder"), model, importance, taylor_loss)
+    _check_shape(model, example, reference, nn_name, "pruning.ladder")
     return model

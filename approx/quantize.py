@@ -62,14 +62,18 @@ def cast(model: nn.Module, torch_dtype: str | None) -> nn.Module:
     return model.to(getattr(torch, torch_dtype or "float32")).eval()
 
 
-def predict_torch(model: nn.Module, x: np.ndarray, batch: int = 32) -> np.ndarray:
-    """Outputs of a torch module in its own dtype, as float32 numpy."""
+def predict_torch(model: nn.Module, x: np.ndarray, batch: int = 32, device: str = "cpu") -> np.ndarray:
+    """Outputs of a torch module in its own dtype, as float32 numpy; run on ``device``, the module left on the CPU."""
     dtype = next(model.parameters()).dtype
     outs = []
-    with torch.inference_mode():
-        for i in range(0, len(x), batch):
-            chunk = torch.from_numpy(np.asarray(x[i : i + batch], dtype=np.float32)).to(dtype)
-            outs.append(model(chunk).float().numpy())
+    model.to(device)
+    try:
+        with torch.inference_mode():
+            for i in range(0, len(x), batch):
+                chunk = torch.from_numpy(np.asarray(x[i : i + batch], dtype=np.float32)).to(device, dtype)
+                outs.append(model(chunk).float().cpu().numpy())
+    finally:
+        model.cpu()
     return np.concatenate(outs)
 
 

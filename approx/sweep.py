@@ -25,14 +25,16 @@ def sweep(
     recipe: FinetuneRecipe = FinetuneRecipe(),
     backend: str | None = None,
     onnx: OnnxToolchain | None = None,
+    device: str = "cpu",
     progress: Progress = lambda message: None,
 ) -> Iterator[Candidate]:
     """Yield the candidate for each value of ``knob`` (every value is checked before the first build).
 
-    ``base`` is usually ``KnobSpace.from_section(spec.knobs_for(nn)).base(...)``: the spec's fixed settings.
+    ``device`` is where fine-tuning (and a ladder's rungs) train. ``base`` is usually ``KnobSpace.from_section(spec.knobs_for(nn)).base(...)``: the spec's fixed settings.
     """
     settings = [vary(base, knob, v, nn_.name) for v in values]
     for knobs in settings:
         knobs.check(nn_.name, backend)
     for knobs in settings:
-        yield build(nn_, knobs, cache_dir=cache_dir, recipe=recipe, backend=backend, onnx=onnx, progress=progress)
+        yield build(nn_, knobs, cache_dir=cache_dir, recipe=recipe, backend=backend, onnx=onnx, device=device,
+                    progress=progress)

@@ -15,6 +15,7 @@ A short sequence of stages (:mod:`qaopt.stages` states each one's artifact and k
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +37,7 @@ from qaopt.spec_adapter import cache_dir_of
 from qaopt.stages import StageClock
 from qaopt.stages.checks import ClosedLoopChecks
 from qaopt.stages.export import export_configuration
+from qaopt.stages.ladders import build_ladders, ladder_tops
 from qaopt.stages.region import (
     CLOSED_LOOP_FILE,
     REGION_FILE,
@@ -45,6 +47,7 @@ from qaopt.stages.region import (
     calibrated_region,
     fold,
 )
+from qaopt.training import training_device
 from qaopt.stages.validation import validate_configuration, validate_front
 
 AGNOSTIC_TOLERANCE = 0.02
@@ -118,9 +121,13 @@ def _optimize(
         if chosen_region.path != run_dir / REGION_FILE or not (run_dir / REGION_PLOT).exists():
             calibrated.plot(run_dir / REGION_PLOT)  # the report shows the run folder's plot
     evidence = ClosedLoopEvidence.load(run_dir)
-    ctx = search_context(spec, prof, fold(calibrated, evidence.of(application_key(spec))))
+    ctx = search_context(spec, prof, fold(calibrated, evidence.of(application_key(spec))), say=clock.console.log)
     with clock.stage("reference NNs"):
         reference = _reference(ctx, calibrated, run_dir)
+
+    if ladder_tops(ctx):
+        with clock.stage("pruning ladders") as bar:
+            build_ladders(ctx, run_dir, bar, say=clock.console.log)
 
     n_trials = prof.trials or spec.search.trials
     checks = ClosedLoopChecks(ctx, calibrated, evidence, run_dir, n_trials, executor=executor, say=clock.console.log)
@@ -193,8 +200,11 @@ def _optimize(
     return result
 
 
-def search_context(spec: AppSpec, prof: Profile, region: ErrorRegion) -> SearchContext:
-    """What every trial, validation and export of a run on ``spec`` under ``prof`` needs, searching in ``region``."""
+def search_context(spec: AppSpec, prof: Profile, region: ErrorRegion, say: Callable[[str], None] = print) -> SearchContext:
+    """What every trial, validation and export of a run on ``spec`` under ``prof`` needs, searching in ``region``.
+
+    ``say`` gets the notice when the spec's training device is missing here.
+    """
     return SearchContext(
         spec=spec,
         profile=prof,
@@ -204,6 +214,7 @@ def search_context(spec: AppSpec, prof: Profile, region: ErrorRegion) -> SearchC
         region=region,
         reference_knobs={name: Knobs(seed=spec.search.seed) for name in spec.nns},
         agnostic_tolerance=AGNOSTIC_TOLERANCE,
+        train_device=training_device(spec.training, say),
     )
 
 

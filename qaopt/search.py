@@ -119,6 +119,8 @@ class SearchContext:
     region: ErrorRegion
     reference_knobs: dict[str, Knobs]
     agnostic_tolerance: float
+    train_device: str = "cpu"
+    """Where candidates are fine-tuned and ladders built (``training.device``, resolved)."""
     incumbent_ms: dict[Mode, float] = field(default_factory=dict)
     _measured: dict[tuple, tuple[dict, float, int | None]] = field(default_factory=dict, repr=False)
 
@@ -128,7 +130,8 @@ class SearchContext:
     def build(self, name: str, knobs: Knobs | Mapping[str, Any]) -> Candidate:
         """NN ``name``'s candidate for ``knobs`` (a :class:`Knobs` or the dict a result stores), built or loaded."""
         knobs = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(knobs)
-        return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=_backend_name(self.target), onnx=kernels.onnx)
+        return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=_backend_name(self.target), onnx=kernels.onnx,
+                     device=self.train_device)
 
     @cached_property
     def reference(self) -> dict[str, Candidate]:

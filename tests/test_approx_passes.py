@@ -59,7 +59,8 @@ def test_builtin_passes_in_order_with_their_knobs():
     assert [p.name for p in passes()] == ["pruning", "lowrank", "quantization", "finetune"]
     assert [p.name for p in passes("export")] == ["quantization"]
     assert set(Knobs().model_dump()) == {"prune_ratio", "importance", "round_to", "prune_steps", "per_layer",
-                                          "rank_ratio", "dtype", "finetune_steps", "seed"}
+                                          "ladder_step", "ladder_finetune_steps", "rank_ratio", "dtype",
+                                          "finetune_steps", "seed"}
 
 
 @pytest.mark.parametrize(("knobs", "key"), [

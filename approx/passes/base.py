@@ -108,7 +108,9 @@ class BuildContext:
     ``recover(model, what)`` runs the next share of the fine-tuning budget after a
     pass damaged the model (a pass that damages declares how often with
     :meth:`ApproximationPass.damage_phases`); ``training_loss(model)`` is the
-    distillation loss on one training batch (for gradient-based importance).
+    distillation loss on one training batch (for gradient-based importance);
+    ``ladder(recipe)`` is this NN's :class:`~qaopt.approx.ladder.Ladder` for a recipe,
+    shared by every candidate that takes a rung of it.
     """
 
     nn: TargetNN
@@ -118,6 +120,7 @@ class BuildContext:
     phases: int = 0
     onnx: OnnxToolchain | None = None
     recovery: Iterator[int] | None = None
+    ladder: Callable[[Any], Any] | None = None
 
     def recover(self, model: nn.Module, what: str) -> None:
         steps = next(self.recovery, 0) if self.recovery is not None else 0

@@ -1,4 +1,5 @@
-"""``qaopt approx sweep SPEC --nn heading --knob pruning``: build one NN's candidates along one knob and tabulate them."""
+"""``qaopt approx sweep SPEC --nn heading --knob pruning``: build one NN's candidates along one knob and tabulate them;
+``qaopt approx ladder SPEC --nn heading``: build one NN's pruning ladder and tabulate its rungs."""
 
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ def sweep(
     finetune_steps: int | None = typer.Option(None, help="Fine-tuning budget (default: the top of the spec's range)."),
     latency: bool = typer.Option(True, "--latency/--no-latency", help="Time each candidate on this machine."),
     threads: int | None = typer.Option(None, help="Threads for timing (default: the spec's target.threads, else 2)."),
+    device: str | None = typer.Option(None, "--device", help="Where to fine-tune: auto, cpu or cuda (default: the "
+                                      "spec's training.device)."),
 ) -> None:
     """Build (or load from the cache) one candidate per value and print error, MACs, parameters and latency."""
-    app_spec = load_spec(spec, check_entry_points=True)
-    if nn not in app_spec.nns:
-        raise QaoptError(f"--nn {nn}: the spec has no NN named {nn!r}; its NNs are {', '.join(app_spec.nns)}")
+    app_spec = _spec_with_nn(spec, nn)
     from qaopt.approx import KnobSpace
     from qaopt.approx.passes import passes
 
@@ -59,17 +60,64 @@ def sweep(
     space = KnobSpace.from_section(app_spec.knobs_for(nn), nn=nn)
     fixed = {k: v for k, v in {"dtype": dtype, "prune_ratio": prune_ratio}.items() if v is not None}
     fixed["finetune_steps"] = finetune_steps if finetune_steps is not None else space.choices("finetune_steps")[-1]
-    from qaopt.approx import sweep as sweep_candidates
+    points = _parse(values) if values else _default_values(knob, space)
+    _tabulate(app_spec, nn, knob, points, space.base(**fixed), latency=latency, threads=threads, device=device)
+
+
+@app.command()
+def ladder(
+    spec: Path = typer.Argument(..., help="The application spec (YAML); approximations.<nn>.pruning.ladder sets the recipe."),
+    nn: str = typer.Option(..., "--nn", help="The NN whose pruning ladder to build (a key of the spec's nns)."),
+    latency: bool = typer.Option(True, "--latency/--no-latency", help="Time each rung on this machine."),
+    threads: int | None = typer.Option(None, help="Threads for timing (default: the spec's target.threads, else 2)."),
+    device: str | None = typer.Option(None, "--device", help="Where to train: auto, cpu or cuda (default: the spec's "
+                                      "training.device)."),
+) -> None:
+    """Build (or resume) one NN's pruning ladder and print each rung's error, MACs, parameters and latency.
+
+    The rungs are cached by content: build them where the compute is (``--device cuda``, ``--no-latency``),
+    carry the cache folder, and every later run, sweep or search takes its rungs from it.
+    """
+    app_spec = _spec_with_nn(spec, nn)
+    from qaopt.approx import KnobSpace
+    from qaopt.approx.passes.pruning import PruningConfig
+
+    space = KnobSpace.from_section(app_spec.knobs_for(nn), nn=nn)
+    config = space.configs.get("pruning")
+    if not isinstance(config, PruningConfig) or config.ladder is None:
+        raise QaoptError(f"{spec}: approximations.{nn}.pruning has no ladder section; add e.g. "
+                         "ladder: {step: 0.05, finetune_steps: 160} under it (docs/quantization.md, pruning ladders)")
+    lo, hi = config.ratios()
+    step = config.ladder.step
+    rungs = [0.0, *(round(k * step, 6) for k in range(max(1, round(lo / step)), round(hi / step) + 1))]
+    _tabulate(app_spec, nn, "prune_ratio", rungs, space.base(), latency=latency, threads=threads, device=device)
+
+
+def _spec_with_nn(spec: Path, nn: str):
+    app_spec = load_spec(spec, check_entry_points=True)
+    if nn not in app_spec.nns:
+        raise QaoptError(f"--nn {nn}: the spec has no NN named {nn!r}; its NNs are {', '.join(app_spec.nns)}")
+    return app_spec
+
+
+def _tabulate(app_spec, nn: str, knob: str, points: list, base, *, latency: bool, threads: int | None,
+              device: str | None) -> None:
+    """Build (or load) the candidate of each point along ``knob`` and print the table."""
     import numpy as np
 
     from qaopt import kernels
+    from qaopt.app_spec.schema import TRAINING_DEVICES, TrainingSpec
+    from qaopt.approx import sweep as sweep_candidates
     from qaopt.measuring import untuned_latency
     from qaopt.on_policy import target_nns
+    from qaopt.training import training_device
 
-    base = space.base(**fixed)
-    points = _parse(values) if values else _default_values(knob, space)
+    if device not in (None, *TRAINING_DEVICES):
+        raise QaoptError(f"--device {device}: use one of {', '.join(TRAINING_DEVICES)}")
     cache_dir = cache_root(configured=app_spec.output.cache_dir)
     console = Console(width=max(Console().width, 120))  # a narrower table wraps every cell
+    training = app_spec.training if device is None else TrainingSpec(device=device, required=app_spec.training.required)
+    train_on = training_device(training, console.print)
     console.print(f"loading NN {nn!r} and its data")
     target = target_nns(app_spec, cache_dir, [nn])[nn]
 
@@ -81,7 +129,7 @@ def sweep(
         task = bar.add_task("", total=len(points), point="")
         candidates = sweep_candidates(
             target, base, knob, points, cache_dir=cache_dir, backend=kernels.BackendRef.parse(app_spec.target.backend).name,
-            onnx=kernels.onnx, progress=lambda m: bar.update(task, description=m),
+            onnx=kernels.onnx, device=train_on, progress=lambda m: bar.update(task, description=m),
         )
         for point in points:
             bar.update(task, point=f"{knob}={point}", description="building")

@@ -6,14 +6,14 @@ Typical use::
 
     target = kernels.Target.from_spec(spec.target)          # or kernels.Target(device="cpu", threads=2)
     compiled = kernels.compile(model, [example_input], target, cache_dir=cache)
-    m = compiled.measure()                                  # Measurement: median_ms, spread_ms, peak_mem_bytes, …
+    m = compiled.measure()                                  # Measurement: median_ms, ci_ms, trusted, peak_mem_bytes, …
     compiled.export("artifacts/heading")
 
     frame = kernels.measure_frame({"a": kernels.Workload(model_a, (x_a,)), "b": kernels.Workload(model_b, (x_b,))},
                                   "parallel", target)       # FrameMeasurement: latency_ms per frame, memory_bytes
 
 ``target.backend`` is a :class:`BackendRef` to a registered backend: 'torch'
-(or 'torch[channels_last]'), 'torch-compile', 'tvm', 'onnxruntime', 'auto'
+(or 'torch[channels_last]'), 'torch-compile', 'tvm', 'onnxruntime', 'openvino', 'auto'
 (every usable backend measured, the fastest kept: see :mod:`.auto`), or one
 added with :func:`register_backend`.
 
@@ -37,9 +37,26 @@ from .errors import (
     UnsupportedModelError,
     UnsupportedOperatorError,
 )
-from .measure import Measurement, Protocol, device_lock, measure_callable, measure_interleaved, median_and_spread
+from .measure import (
+    CONFIDENCE,
+    EPOCH,
+    CpuLoadProbe,
+    Interference,
+    InterferenceProbe,
+    Measurement,
+    Protocol,
+    device_lock,
+    measure_callable,
+    measure_interleaved,
+    median_and_spread,
+    median_interval,
+    pinned,
+    ratio_interval,
+    sum_interval,
+)
+from .openvino_backend import OpenVinoBackend
 from .onnx import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx, ort_session
-from .registry import BackendRef, backend_names, get_backend, register_backend
+from .registry import BackendRef, backend_names, backend_version, get_backend, register_backend
 from .schedule import (
     QUICK,
     SCHEDULES,
@@ -55,16 +72,17 @@ from .schedule import (
     threads_of,
     untuned_backend,
 )
-from .target import RPCConfig, Target, TuningBudget
+from .target import CpuInfo, RPCConfig, Target, TuningBudget, host_cpu_info
 from .torch_backends import torch_threads
 
 __all__ = [
-    "INPUT_NAME", "OPSET", "OUTPUT_NAME", "QUICK", "SCHEDULES",
+    "CONFIDENCE", "EPOCH", "INPUT_NAME", "OPSET", "OUTPUT_NAME", "QUICK", "SCHEDULES",
     "AutoBackend", "AutoCompiled", "Backend", "BackendRef", "BackendUnavailableError", "BuildError", "Compiled",
-    "FrameMeasurement", "KernelsError", "LocalCompiled", "MeasuredModel", "Measurement", "MeasurementError", "Outcome",
-    "Protocol", "RPCConfig", "Schedule", "Target", "TuningBudget", "UnsupportedModelError", "UnsupportedOperatorError",
-    "Workload", "backend_names", "compile", "device_lock", "export_onnx", "get_backend", "measure_callable",
-    "measure_concurrent", "measure_frame", "measure_interleaved", "measure_model", "measure_untuned",
-    "median_and_spread", "ort_session", "register_backend", "schedules_for", "threads_of", "torch_threads",
-    "untuned_backend",
+    "CpuInfo", "CpuLoadProbe", "FrameMeasurement", "Interference", "InterferenceProbe", "KernelsError", "LocalCompiled",
+    "MeasuredModel", "Measurement", "MeasurementError", "OpenVinoBackend", "Outcome", "Protocol", "RPCConfig",
+    "Schedule", "Target", "TuningBudget", "UnsupportedModelError", "UnsupportedOperatorError", "Workload",
+    "backend_names", "backend_version", "compile", "device_lock", "export_onnx", "get_backend", "host_cpu_info",
+    "measure_callable", "measure_concurrent", "measure_frame", "measure_interleaved", "measure_model",
+    "measure_untuned", "median_and_spread", "median_interval", "ort_session", "pinned", "ratio_interval",
+    "register_backend", "schedules_for", "sum_interval", "threads_of", "torch_threads", "untuned_backend",
 ]

@@ -3,8 +3,12 @@
 Luthier's lesson: vendor libraries are strong and immediate, auto-tuning is
 slow and wins only sometimes. So the vendor backends are measured first, and
 TVM comes last with the best of them as its incumbent: tuning is skipped when
-it cannot win (see :mod:`.tuning`). A backend that cannot run the candidate, or
-crashes, is recorded with its reason and does not stop the others.
+it cannot win (see :mod:`.tuning`). A backend that cannot run the candidate, is
+not installed, or crashes, is recorded with its reason and does not stop the others.
+
+The choice compares only measurements of one epoch: all backends are measured in
+one call, and outcomes read back from the cache (keyed by the machine and the
+backends' versions, :meth:`.target.Target.machine_key`) were all recorded together.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from qaopt.app_spec.store import read_json, write_json
 from .errors import KernelsError
 from .measure import Measurement, Protocol
 from .model import Model, model_key
-from .registry import BackendRef, get_backend
+from .registry import BackendRef, backend_version, get_backend
 from .target import Target
 
-CPU_BACKENDS = (BackendRef("torch"), BackendRef("torch", "channels_last"), BackendRef("onnxruntime"), BackendRef("tvm"))
+CPU_BACKENDS = (BackendRef("torch"), BackendRef("torch", "channels_last"), BackendRef("onnxruntime"),
+                BackendRef("openvino"), BackendRef("tvm"))
 """Default for CPU targets. Inductor is left out: it took 25 s to compile a compact NavNet and ran it no faster
 than eager on this CPU (19.7 ms both); name it in ``backends`` to include it."""
 CUDA_BACKENDS = (BackendRef("torch"), BackendRef("torch-compile"))
@@ -50,7 +55,8 @@ class Outcome:
     def from_dict(cls, data: dict[str, Any]) -> Outcome:
         m = data.get("measurement")
         if m:
-            m = Measurement(**{**m, "samples_ms": tuple(m["samples_ms"])})
+            ci = m.get("ci_ms")
+            m = Measurement(**{**m, "samples_ms": tuple(m["samples_ms"]), "ci_ms": tuple(ci) if ci else None})
         return cls(backend=data["backend"], measurement=m, error=data.get("error"), tuning=data.get("tuning"))
 
 
@@ -83,8 +89,10 @@ class AutoCompiled:
         return self.best.export(path)
 
     def table(self) -> list[dict[str, Any]]:
-        """One row per backend: median, spread, memory, or the error."""
+        """One row per backend: median, its interval and trust, spread, memory, or the error."""
         return [{"backend": o.backend, "median_ms": o.measurement.median_ms if o.measurement else None,
+                 "ci_ms": o.measurement.ci_ms if o.measurement else None,
+                 "trusted": o.measurement.trusted if o.measurement else None,
                  "spread_ms": o.measurement.spread_ms if o.measurement else None,
                  "peak_mem_bytes": o.measurement.peak_mem_bytes if o.measurement else None,
                  "error": o.error} for o in self.outcomes]
@@ -169,8 +177,8 @@ class AutoBackend:
                     refs: Sequence[BackendRef]) -> Path | None:
         if self.cache_dir is None:
             return None
-        key = content_hash(model_key(model, example_inputs), target.to_dict(), [str(r) for r in refs],
-                           self.protocol.__dict__)
+        key = content_hash(model_key(model, example_inputs), target.to_dict(), target.machine_key(),
+                           {str(r): backend_version(r) for r in refs}, self.protocol.__dict__)
         return self.cache_dir / "kernels" / "outcomes" / f"{key}.json"
 
     @staticmethod

@@ -6,6 +6,7 @@ from typing import Any
 
 from .auto import AutoBackend
 from .onnxruntime_backend import OnnxRuntimeBackend
+from .openvino_backend import OpenVinoBackend
 from .registry import register_backend
 from .torch_backends import CHANNELS_LAST, TorchBackend, TorchCompileBackend
 from .tvm_backend import TvmBackend
@@ -19,8 +20,13 @@ def _onnxruntime(**_: Any) -> OnnxRuntimeBackend:
     return OnnxRuntimeBackend()
 
 
-register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST,))
-register_backend("torch-compile", _torch_compile)
-register_backend("onnxruntime", _onnxruntime)
-register_backend("tvm", TvmBackend)
+def _openvino(**_: Any) -> OpenVinoBackend:
+    return OpenVinoBackend()
+
+
+register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST,), package="torch")
+register_backend("torch-compile", _torch_compile, package="torch")
+register_backend("onnxruntime", _onnxruntime, package="onnxruntime")
+register_backend("openvino", _openvino, package="openvino")
+register_backend("tvm", TvmBackend, package="apache-tvm")
 register_backend("auto", AutoBackend)

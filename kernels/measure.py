@@ -1,33 +1,52 @@
-"""The measurement protocol: one way to time every backend, so that their figures compare.
+"""The measurement protocol: one way to time every backend, so that their figures compare and can be trusted.
 
 Protocol (the same for every backend and device):
 
 1. Take the device's lock (:func:`device_lock`), a file lock shared by every
    process on the machine, so parallel search workers (or a tuner's runner)
    never time two things on one device at once (RESONATOR's rule).
-2. Warm up (``warmup`` calls: caches, allocators, lazy compilation).
-3. Take ``repeats`` samples; each is the mean of ``number`` back-to-back calls,
+2. Pin every thread of this process to the target's cores (:func:`pinned`), so
+   the intra-op pools run where the interference probe looks.
+3. Warm up until stable: ``warmup`` calls, then rounds of them until two in a
+   row agree within ``STABLE_WARMUP`` (caches, allocators, lazy compilation,
+   the CPU's clock ramping up).
+4. Take ``repeats`` samples; each is the mean of ``number`` back-to-back calls,
    with ``number`` chosen so a sample lasts at least ``min_sample_ms`` (timer
-   resolution and launch jitter become negligible).
-4. Report the median and the inter-quartile range of the samples, the peak
-   memory of the model while it runs, and the energy per inference where the
-   machine exposes a meter (RAPL on CPU, NVML on GPU), else the reason it is
-   unavailable.
+   resolution and launch jitter become negligible), while an
+   :class:`InterferenceProbe` watches what else ran on those cores.
+5. When other processes (or the hypervisor) took more than
+   ``max_interference`` of the cores, measure again (``retries`` times); keep
+   the least disturbed attempt, and mark it untrusted when even that one was
+   disturbed or its median is uncertain by more than ``max_rel_ci``.
+6. Report the median with its distribution-free confidence interval (order
+   statistics), the inter-quartile range, the trust flag and why, the epoch
+   (the process that measured), the peak memory of the model while it runs, and
+   the energy per inference where the machine exposes a meter (RAPL on CPU,
+   NVML on GPU), else the reason it is unavailable.
+
+Why the interference check: with an intra-op pool as wide as the cores, every
+operator's parallel region waits for its slowest thread, so one other runnable
+process on those cores multiplies a latency instead of adding to it (measured
+in docs/latency.md: ONNX Runtime int8 1.5-1.8x, torch bf16 2x to 200x). Such a
+figure must never pass silently as the model's latency.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import math
 import os
+import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol as TypingProtocol
 
+import numpy as np
 from filelock import FileLock
 
 from .errors import MeasurementError
@@ -37,7 +56,13 @@ from .errors import MeasurementError
 class Measurement:
     """Figures of one compiled model on one device.
 
-    ``spread_ms`` is the inter-quartile range of the samples; ``peak_mem_bytes``
+    ``spread_ms`` is the inter-quartile range of the samples; ``ci_ms`` the
+    ``CONFIDENCE`` interval of their median (order statistics, no assumption on
+    the distribution); ``trusted`` is False when the machine disturbed the
+    measurement, ``untrusted`` says how; ``interference`` is the share of the
+    measured cores other processes and the hypervisor took while it ran (``None``
+    where it cannot be observed); ``epoch`` names the process that measured
+    (figures of one epoch compare; see :data:`EPOCH`); ``peak_mem_bytes``
     is parameter bytes plus the peak extra memory seen while running (exact on
     CUDA; on CPU the growth of the resident set, which allocators that kept
     memory from earlier runs can understate); ``energy_mj`` is millijoules per
@@ -55,6 +80,11 @@ class Measurement:
     energy_mj: float | None
     energy_note: str
     extra: dict[str, Any] = field(default_factory=dict)
+    ci_ms: tuple[float, float] | None = None
+    trusted: bool = True
+    untrusted: str = ""
+    interference: float | None = None
+    epoch: str = ""
 
     @property
     def rel_spread(self) -> float:
@@ -66,12 +96,33 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Protocol:
-    """Knobs of the measurement protocol (defaults suit models of 0.1-100 ms)."""
+    """Knobs of the measurement protocol (defaults suit models of 0.1-100 ms).
+
+    ``repeats`` of 15 give a 96 % order-statistic interval of the median between
+    the 4th and 12th sample; ``max_interference`` is the share of the cores other
+    processes may take before a measurement is retried (``retries`` times, after
+    ``retry_wait_s``) and, still disturbed, marked untrusted; ``max_rel_ci`` the
+    relative half-width of the median's interval beyond which it is untrusted.
+    """
 
     warmup: int = 5
     repeats: int = 15
     min_sample_ms: float = 20.0
     max_seconds: float = 30.0
+    max_interference: float = 0.10
+    retries: int = 2
+    retry_wait_s: float = 0.5
+    max_rel_ci: float = 0.10
+
+
+CONFIDENCE = 0.95
+"""Confidence of every latency interval qaopt reports."""
+STABLE_WARMUP = 0.05
+"""Warm-up goes on until two rounds in a row agree within this share (at most ``MAX_WARMUP_ROUNDS`` rounds)."""
+MAX_WARMUP_ROUNDS = 10
+EPOCH = f"{socket.gethostname()}:{os.getpid()}:{int(time.time())}"
+"""This process's measurement epoch: decisions compare only figures measured in one epoch, since the machine's
+load (and so every latency) drifts between processes and hours."""
 
 
 def lock_dir() -> Path:
@@ -87,6 +138,116 @@ def device_lock(device_key: str, timeout: float = -1) -> Iterator[None]:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in device_key)
     with FileLock(str(lock_dir() / f"{safe}.lock"), timeout=timeout):
         yield
+
+
+# --------------------------------------------------------------------------- isolation and interference
+
+
+def measurement_cores(threads: int | None) -> tuple[int, ...]:
+    """The cores a measurement with ``threads`` threads runs on: the first ``threads`` this process may use."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return tuple(allowed[:threads] if threads else allowed)
+
+
+@contextlib.contextmanager
+def pinned(cores: Sequence[int]) -> Iterator[None]:
+    """Pin every thread of this process (the pools of every backend included) to ``cores``, restoring each after.
+
+    ``os.sched_setaffinity(0, ...)`` moves only the calling thread; the runtime pools
+    (ONNX Runtime's, torch's OpenMP, TVM's, OpenVINO's) are other threads, so each
+    task of the process is moved. Threads started while pinned inherit the cores.
+    """
+    before: dict[int, set[int]] = {}
+    for tid in _threads():
+        try:
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cores)
+        except OSError:  # the thread ended meanwhile, or the kernel refuses: measure unpinned rather than fail
+            before.pop(tid, None)
+    try:
+        yield
+    finally:
+        for tid, mask in before.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, mask)
+
+
+def _threads() -> list[int]:
+    tasks = Path("/proc/self/task")
+    return [int(t.name) for t in tasks.iterdir()] if tasks.exists() else [0]
+
+
+@dataclass(frozen=True)
+class Interference:
+    """What else ran on the measured cores while a measurement took its samples (shares of their capacity)."""
+
+    others: float
+    """CPU time of other processes on these cores."""
+    steal: float
+    """Time the hypervisor gave these cores to other machines."""
+
+    @property
+    def total(self) -> float:
+        return self.others + self.steal
+
+    def describe(self) -> str:
+        return f"other processes took {self.others:.0%} and the hypervisor {self.steal:.0%} of the measured cores"
+
+
+class InterferenceProbe(TypingProtocol):
+    """Watches the measured cores between ``start`` and ``stop``; ``stop`` returns ``None`` where it cannot see."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> Interference | None: ...
+
+
+CpuTimes = dict[int, tuple[float, float]]
+"""Per core: (busy seconds, stolen seconds) since boot."""
+
+
+def read_proc_stat(path: Path = Path("/proc/stat")) -> CpuTimes:
+    """Busy and stolen seconds of every core from ``/proc/stat`` (Linux; empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: CpuTimes = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, *values = line.split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in values[:8])
+        out[int(name[3:])] = ((user + nice + system + irq + softirq) / tick, steal / tick)
+    return out
+
+
+class CpuLoadProbe:
+    """Other processes' CPU time on the measured cores: their busy time in ``/proc/stat`` less this process's own.
+
+    This process's threads are pinned to the cores while measuring, so its own CPU
+    time (``time.process_time``) is all spent there; whatever else the cores were
+    busy with is interference. ``read`` and ``own`` are injectable, so tests can
+    simulate a loaded machine without timing anything.
+    """
+
+    def __init__(self, cores: Sequence[int], read: Callable[[], CpuTimes] = read_proc_stat,
+                 own: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.perf_counter):
+        self.cores = tuple(cores)
+        self._read, self._own, self._clock = read, own, clock
+
+    def start(self) -> None:
+        self._start = (self._read(), self._own(), self._clock())
+
+    def stop(self) -> Interference | None:
+        times, own, now = self._read(), self._own(), self._clock()
+        before, own0, start = self._start
+        cores = [c for c in self.cores if c in times and c in before]
+        capacity = (now - start) * len(cores)
+        if not cores or capacity <= 0:
+            return None
+        busy = sum(times[c][0] - before[c][0] for c in cores)
+        steal = sum(times[c][1] - before[c][1] for c in cores)
+        return Interference(others=max(0.0, busy - (own - own0)) / capacity, steal=max(0.0, steal) / capacity)
 
 
 # --------------------------------------------------------------------------- energy
@@ -200,55 +361,122 @@ def measure_callable(
     sync: Callable[[], None] | None = None,
     cuda_peak: Callable[[], tuple[Callable[[], None], Callable[[], int]]] | None = None,
     extra: dict[str, Any] | None = None,
+    probe: InterferenceProbe | None = None,
 ) -> Measurement:
     """Time ``call`` (one inference on prepared inputs) under the protocol above.
 
     ``sync`` waits for asynchronous work (CUDA); ``cuda_peak`` returns (reset,
-    read) of the device allocator's peak, used instead of the resident set.
-    Any exception from ``call`` becomes a :class:`MeasurementError` naming the backend.
+    read) of the device allocator's peak, used instead of the resident set;
+    ``probe`` watches for interference (default on CPU: :class:`CpuLoadProbe` of
+    the measured cores). Any exception from ``call`` becomes a
+    :class:`MeasurementError` naming the backend.
     """
     sync = sync or (lambda: None)
     meter, note = energy_meter(device)
     resident = ResidentPeak()
+    cores = measurement_cores(threads) if device == "cpu" else ()
+    if probe is None and cores:
+        probe = CpuLoadProbe(cores)
     try:
-        with device_lock(device_key):
+        with device_lock(device_key), pinned(cores) if cores else contextlib.nullcontext():
             reset, read = cuda_peak() if cuda_peak is not None else (resident.start, resident.stop)
             reset()
-            for _ in range(protocol.warmup):
-                call()
-            sync()
+            _warm_up(call, sync, protocol)
             peak = read()
             number = _calls_per_sample(call, sync, protocol.min_sample_ms)
-            deadline = time.perf_counter() + protocol.max_seconds
-            samples: list[float] = []
-            e0 = meter.joules() if meter else 0.0
-            for _ in range(protocol.repeats):
-                start = time.perf_counter_ns()
-                for _ in range(number):
-                    call()
-                sync()
-                samples.append((time.perf_counter_ns() - start) / 1e6 / number)
-                if time.perf_counter() > deadline and len(samples) >= 3:
+            attempts: list[_Attempt] = []
+            for attempt in range(1 + max(0, protocol.retries)):
+                if attempt:
+                    time.sleep(protocol.retry_wait_s)
+                attempts.append(_sample(call, sync, number, protocol, meter, probe))
+                if not _disturbed(attempts[-1].interference, protocol):
                     break
-            energy = (meter.joules() - e0) * 1e3 / (number * len(samples)) if meter else None
     except MeasurementError:
         raise
     except Exception as exc:
         raise MeasurementError(f"backend '{backend}': running the model on {device} failed: {type(exc).__name__}: {exc}") from exc
-    median, spread = median_and_spread(samples)
+    best = min(attempts, key=lambda a: a.interference.total if a.interference is not None else 0.0)
+    median, spread = median_and_spread(best.samples)
+    ci = median_interval(best.samples)
+    why = untrusted_reason(best.interference, median, ci, protocol, len(attempts))
     return Measurement(
         backend=backend,
         device=device,
         median_ms=median,
         spread_ms=spread,
-        samples_ms=tuple(samples),
+        samples_ms=tuple(best.samples),
         number=number,
         threads=threads,
         peak_mem_bytes=None if peak is None else param_bytes + peak,
-        energy_mj=energy,
+        energy_mj=best.energy_mj,
         energy_note=meter.source if meter else note,
-        extra=dict(extra or {}),
+        extra={**(extra or {}), "attempts": len(attempts)},
+        ci_ms=ci,
+        trusted=not why,
+        untrusted=why,
+        interference=None if best.interference is None else round(best.interference.total, 4),
+        epoch=EPOCH,
     )
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    samples: list[float]
+    energy_mj: float | None
+    interference: Interference | None
+
+
+def _warm_up(call: Callable[[], Any], sync: Callable[[], None], protocol: Protocol) -> None:
+    """Rounds of ``warmup`` calls until two in a row agree within :data:`STABLE_WARMUP` (at most ``MAX_WARMUP_ROUNDS``)."""
+    calls = max(1, protocol.warmup)
+    previous = None
+    for _ in range(MAX_WARMUP_ROUNDS):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync()
+        elapsed = time.perf_counter() - start
+        if previous is not None and abs(elapsed - previous) <= STABLE_WARMUP * previous:
+            return
+        previous = elapsed
+
+
+def _sample(call: Callable[[], Any], sync: Callable[[], None], number: int, protocol: Protocol,
+            meter: EnergyMeter | None, probe: InterferenceProbe | None) -> _Attempt:
+    """One attempt: ``repeats`` samples of ``number`` calls each, with the interference seen meanwhile."""
+    deadline = time.perf_counter() + protocol.max_seconds
+    samples: list[float] = []
+    e0 = meter.joules() if meter else 0.0
+    if probe is not None:
+        probe.start()
+    for _ in range(protocol.repeats):
+        start = time.perf_counter_ns()
+        for _ in range(number):
+            call()
+        sync()
+        samples.append((time.perf_counter_ns() - start) / 1e6 / number)
+        if time.perf_counter() > deadline and len(samples) >= 3:
+            break
+    interference = probe.stop() if probe is not None else None
+    energy = (meter.joules() - e0) * 1e3 / (number * len(samples)) if meter else None
+    return _Attempt(samples, energy, interference)
+
+
+def _disturbed(interference: Interference | None, protocol: Protocol) -> bool:
+    return interference is not None and interference.total > protocol.max_interference
+
+
+def untrusted_reason(interference: Interference | None, median: float, ci: tuple[float, float], protocol: Protocol,
+                     attempts: int) -> str:
+    """Why a measurement cannot be trusted ('' when it can): a disturbed machine, or a median too uncertain."""
+    reasons = []
+    if interference is not None and _disturbed(interference, protocol):
+        reasons.append(f"{interference.describe()} (limit {protocol.max_interference:.0%}) in each of {attempts} "
+                       "attempt(s)")
+    half = (ci[1] - ci[0]) / 2 / median if median > 0 else math.inf
+    if half > protocol.max_rel_ci:
+        reasons.append(f"the median is uncertain by +-{half:.0%} (limit {protocol.max_rel_ci:.0%})")
+    return "; ".join(reasons)
 
 
 def median_and_spread(samples: list[float] | tuple[float, ...]) -> tuple[float, float]:
@@ -257,6 +485,63 @@ def median_and_spread(samples: list[float] | tuple[float, ...]) -> tuple[float, 
         return float(samples[0]), 0.0
     q1, _, q3 = statistics.quantiles(samples, n=4)
     return statistics.median(samples), q3 - q1
+
+
+def median_interval(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free interval of the median: the sorted samples at ranks j and n+1-j.
+
+    j is the largest rank whose interval covers the median with at least ``confidence``
+    (each sample falls below the median with probability 1/2, so the coverage is
+    binomial). With too few samples for ``confidence`` it is (min, max), whose
+    coverage is 1 - 2^(1-n) (75 % for 3 samples).
+    """
+    xs = sorted(samples)
+    n = len(xs)
+    j = 1
+    while j + 1 <= n // 2 and 1 - 2 * _below(j + 1, n) >= confidence:
+        j += 1
+    return float(xs[j - 1]), float(xs[n - j])
+
+
+def _below(k: int, n: int) -> float:
+    """P(Binomial(n, 1/2) < k): the chance that fewer than k of n samples fall below the median."""
+    return sum(math.comb(n, i) for i in range(k)) / 2**n
+
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def _median_sums(sample_sets: Sequence[Sequence[float]], rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap replicates of the sum of the sets' medians (each set resampled on its own)."""
+    total = np.zeros(BOOTSTRAP_RESAMPLES)
+    for samples in sample_sets:
+        xs = np.asarray(samples, dtype=float)
+        total += np.median(xs[rng.integers(0, len(xs), (BOOTSTRAP_RESAMPLES, len(xs)))], axis=1)
+    return total
+
+
+def sum_interval(sample_sets: Sequence[Sequence[float]], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Percentile-bootstrap interval of a sum of medians (a sequential frame: each NN's median, added).
+
+    One set needs no bootstrap: its interval is :func:`median_interval`'s.
+    """
+    if len(sample_sets) == 1:
+        return median_interval(sample_sets[0], confidence)
+    sums = _median_sums(sample_sets, np.random.default_rng(0))
+    return float(np.quantile(sums, (1 - confidence) / 2)), float(np.quantile(sums, (1 + confidence) / 2))
+
+
+def ratio_interval(numerator: Sequence[Sequence[float]], denominator: Sequence[Sequence[float]],
+                   confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Percentile-bootstrap interval of (sum of medians of ``numerator``) / (sum of medians of ``denominator``).
+
+    A speedup is such a ratio (reference latency over candidate latency); both sides
+    are resampled independently from their own samples, with a fixed seed, so the
+    same result gives the same interval.
+    """
+    rng = np.random.default_rng(0)
+    ratios = _median_sums(numerator, rng) / _median_sums(denominator, rng)
+    return float(np.quantile(ratios, (1 - confidence) / 2)), float(np.quantile(ratios, (1 + confidence) / 2))
 
 
 def measure_interleaved(
@@ -283,8 +568,10 @@ def measure_interleaved(
     for name, ms in rounds_of.items():
         samples = tuple(s for m in ms for s in m.samples_ms)
         median, spread = median_and_spread(samples)
-        out[name] = replace(ms[-1], median_ms=median, spread_ms=spread, samples_ms=samples,
-                            peak_mem_bytes=max((m.peak_mem_bytes or 0 for m in ms), default=None))
+        why = "; ".join(dict.fromkeys(m.untrusted for m in ms if m.untrusted))
+        out[name] = replace(ms[-1], median_ms=median, spread_ms=spread, samples_ms=samples, ci_ms=median_interval(samples),
+                            peak_mem_bytes=max((m.peak_mem_bytes or 0 for m in ms), default=None), trusted=not why,
+                            untrusted=why, interference=max((m.interference or 0.0 for m in ms), default=None))
     return out
 
 

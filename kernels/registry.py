@@ -72,23 +72,27 @@ class BackendRef:
 class _Entry:
     factory: Callable[..., Any]
     variants: tuple[str, ...]
+    package: str | None
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
-def register_backend(name: str, factory: Callable[..., Any], *, variants: Sequence[str] = ()) -> None:
+def register_backend(name: str, factory: Callable[..., Any], *, variants: Sequence[str] = (),
+                     package: str | None = None) -> None:
     """Add a backend (a team's own compiler, say) under ``name``; a spec can then name it in ``target.backend``.
 
     ``factory(**options)`` returns a :class:`~qaopt.kernels.Backend`; options are
     ``cache_dir`` and ``incumbent_ms`` (accept and ignore what you do not use), and
     ``variant`` when the spec names one of ``variants`` (``name[variant]``).
+    ``package`` is the distribution that implements it: its installed version is
+    part of every cache key of the backend's measurements and tuning records.
     """
     ref = BackendRef.parse(name)
     if ref.variant:
         raise BackendUnavailableError(f"register_backend: '{name}': register the plain name and list the variant "
                                       f"in variants=('{ref.variant}',)")
-    _REGISTRY[ref.name] = _Entry(factory, tuple(variants))
+    _REGISTRY[ref.name] = _Entry(factory, tuple(variants), package)
 
 
 def resolve(ref: str | BackendRef) -> BackendRef:
@@ -119,3 +123,16 @@ def get_backend(ref: str | BackendRef, **options: Any) -> Any:
 def backend_names() -> list[str]:
     """Every name a spec may use in ``target.backend``, variants included."""
     return sorted(str(BackendRef(name, v)) for name, entry in _REGISTRY.items() for v in (None, *entry.variants))
+
+
+def backend_version(ref: str | BackendRef) -> str:
+    """``package==version`` of the distribution behind a backend ('' when it registered none, 'not installed')."""
+    from importlib import metadata
+
+    package = _REGISTRY[resolve(ref).name].package
+    if package is None:
+        return ""
+    try:
+        return f"{package}=={metadata.version(package)}"
+    except metadata.PackageNotFoundError:
+        return f"{package} not installed"

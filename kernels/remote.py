@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .errors import MeasurementError
-from .measure import Measurement, Protocol, device_lock, median_and_spread
+from .measure import EPOCH, Measurement, Protocol, device_lock, median_and_spread, median_interval, untrusted_reason
 from .model import as_numpy
 from .target import RPCConfig, Target
 from .tvm_build import Prepared, export_library, flatten
@@ -116,9 +116,12 @@ class RemoteTvmCompiled:
         with device_lock(self.target.device_key):
             number, *samples = self.with_retries(step, "timing the model")
         median, spread = median_and_spread(samples)
+        ci = median_interval(samples)
+        # The remote board's load is not observable from here: only the median's spread can make it untrusted.
+        why = untrusted_reason(None, median, ci, protocol, 1)
         return Measurement(
-            backend=self.backend, device=f"rpc {self.rpc}", median_ms=median,
-            spread_ms=spread, samples_ms=tuple(samples), number=int(number), threads=self.target.threads,
+            backend=self.backend, device=f"rpc {self.rpc}", median_ms=median, ci_ms=ci, trusted=not why, untrusted=why,
+            epoch=EPOCH, spread_ms=spread, samples_ms=tuple(samples), number=int(number), threads=self.target.threads,
             peak_mem_bytes=None, energy_mj=None, energy_note="unavailable: no energy meter is read over TVM RPC",
             extra={"compile_s": round(self.compile_seconds, 3), "param_bytes": self.param_bytes,
                    "rpc_failures": list(self.failures)})

@@ -32,8 +32,9 @@ from .torch_backends import torch_threads
 
 Schedule = Literal["sequential", "parallel"]
 SCHEDULES: tuple[Schedule, ...] = ("sequential", "parallel")
-QUICK = Protocol(warmup=1, repeats=3, max_seconds=5.0)
-"""The quick protocol of :func:`measure_untuned`: enough to rank, not to report."""
+QUICK = Protocol(warmup=1, repeats=3, max_seconds=5.0, retries=0)
+"""The quick protocol of :func:`measure_untuned`: enough to rank, not to report (no retries: it only guides the
+sampler, and its interference is still recorded)."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,18 @@ class MeasuredModel:
 
 @dataclass
 class FrameMeasurement:
-    """A frame's models, compiled and measured under ``schedule``: latency per frame (ms) and memory (bytes)."""
+    """A frame's models, compiled and measured under ``schedule``: latency per frame (ms) and memory (bytes).
+
+    ``parts`` are the measurements whose medians add up to ``latency_ms`` (each model's
+    in a sequential frame, the concurrent frame's in a parallel one): their samples give
+    the frame's interval, and the frame is trusted only when every part is.
+    """
 
     schedule: Schedule
     models: dict[str, MeasuredModel]
     latency_ms: float
     memory_bytes: int | None
+    parts: tuple[Measurement, ...] = ()
 
 
 def schedules_for(n_models: int, threads: int) -> tuple[Schedule, ...]:
@@ -108,10 +115,11 @@ def measure_frame(workloads: Mapping[str, Workload], schedule: Schedule, target:
     models = {name: measure_model(w, model_target, cache_dir=cache_dir, incumbent_ms=incumbent_ms, protocol=protocol)
               for name, w in workloads.items()}
     if schedule == "sequential":
-        latency = sum(m.measurement.median_ms for m in models.values())
+        parts = tuple(m.measurement for m in models.values())
     else:
-        latency = measure_concurrent([m.compiled for m in models.values()], model_target, protocol).median_ms
-    return FrameMeasurement(schedule, models, latency, _total([m.measurement.peak_mem_bytes for m in models.values()]))
+        parts = (measure_concurrent([m.compiled for m in models.values()], model_target, protocol),)
+    return FrameMeasurement(schedule, models, sum(p.median_ms for p in parts),
+                            _total([m.measurement.peak_mem_bytes for m in models.values()]), parts)
 
 
 def measure_concurrent(compiled: Sequence[Any], target: Target, protocol: Protocol = Protocol()) -> Measurement:
@@ -152,7 +160,8 @@ def measure_untuned(workloads: Mapping[str, Workload], target: Target, *, cache_
     models = {name: measure_model(w, untuned.with_backend(untuned_backend(w, target)), cache_dir=cache_dir,
                                   protocol=protocol) for name, w in workloads.items()}
     return FrameMeasurement("sequential", models, sum(m.measurement.median_ms for m in models.values()),
-                            _total([m.measurement.peak_mem_bytes for m in models.values()]))
+                            _total([m.measurement.peak_mem_bytes for m in models.values()]),
+                            tuple(m.measurement for m in models.values()))
 
 
 def _total(values: list[int | None]) -> int | None:

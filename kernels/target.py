@@ -13,8 +13,10 @@ and it checks that ``backend`` names a registered backend.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -25,6 +27,41 @@ from .errors import KernelsError
 from .registry import BackendRef, resolve
 
 Device = Literal["cpu", "cuda", "rpc"]
+
+ISA_FEATURES = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
+    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",  # x86
+    "asimd", "asimdhp", "asimddp", "i8mm", "bf16", "sve", "sve2",  # Arm
+)
+"""The CPU features that change which kernels a backend runs (vector width, integer dot products, bf16/fp16)."""
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """This machine's CPU as kernels see it: its model name and the features of :data:`ISA_FEATURES` it has."""
+
+    model: str
+    isa: tuple[str, ...]
+    flags: frozenset[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "isa": list(self.isa)}
+
+
+@functools.cache
+def host_cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
+    """The host CPU from ``/proc/cpuinfo`` (x86 ``model name``/``flags``; Arm ``CPU implementer``/``CPU part``/``Features``)."""
+    text = Path(path).read_text() if Path(path).exists() else ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    # A hypervisor may report only "AMD EPYC": family, model and stepping tell the generations apart.
+    generation = ", ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+    model = (fields.get("model name", "") + (f" ({generation})" if generation else "")).strip() or " ".join(
+        f"{k} {fields[k]}" for k in ("CPU implementer", "CPU part", "CPU variant") if k in fields) or os.uname().machine
+    flags = frozenset((fields.get("flags") or fields.get("Features") or "").split())
+    return CpuInfo(model, tuple(f for f in ISA_FEATURES if f in flags), flags)
 
 
 @dataclass(frozen=True)
@@ -113,6 +150,23 @@ class Target:
         if self.device == "cuda":
             return f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', '0')}"
         return "cpu"
+
+    def machine_key(self) -> dict[str, Any]:
+        """What makes a measurement or a tuning record of this target valid only here.
+
+        The CPU model and its ISA features and the thread count for a local CPU;
+        the remote device's key and address for RPC; the GPU's name for CUDA. Cache
+        keys hold it (with the backend's version), so a record from one machine is
+        never reused on another.
+        """
+        if self.device == "rpc" and self.rpc is not None:
+            return {"rpc": self.device_key, "mcpu": self.mcpu, "mtriple": self.mtriple, "threads": self.threads}
+        if self.device == "cuda":
+            import torch
+
+            return {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+                    "device": self.device_key}
+        return {**host_cpu_info().to_dict(), "threads": self.threads or len(os.sched_getaffinity(0))}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (the backend as spelled in a spec), for cache keys and JSON."""

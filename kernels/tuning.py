@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +37,8 @@ from qaopt.app_spec.store import cache_root
 
 from .errors import BuildError
 from .measure import device_lock
+from .registry import backend_version
+from .target import host_cpu_info
 from .tvm_build import host_cpu
 
 # --------------------------------------------------------------------------- builder and runner
@@ -164,10 +166,17 @@ class TuningDatabase:
         self.lock = FileLock(str(path / "tuning.lock"))
 
     @classmethod
-    def for_target(cls, target: Any, cache_dir: str | Path | None, database: str | Path | None = None) -> TuningDatabase:
-        """``database`` (the spec's ``target.tuning.database``) names a folder shared beyond this cache."""
+    def for_target(cls, target: Any, cache_dir: str | Path | None, database: str | Path | None = None,
+                   machine: Mapping[str, Any] | None = None) -> TuningDatabase:
+        """The database of a TVM target on one machine; ``database`` (``target.tuning.database``) names a folder
+        shared beyond this cache.
+
+        Keyed by the TVM target (LLVM CPU, cores), ``machine`` (:meth:`.target.Target.machine_key`: CPU model,
+        ISA features and threads, or the remote device) and TVM's version: a schedule measured fastest on one
+        CPU, or by another TVM, is not known to be fastest on another, so records never cross machines.
+        """
         root = Path(database) if database else cache_root(cache_dir) / "tvm-tuning"
-        return cls(root / content_hash(str(target)), target)
+        return cls(root / content_hash(str(target), dict(machine or {}), backend_version("tvm")), target)
 
     def open(self) -> Any:
         from tvm.s_tir import meta_schedule as ms
@@ -241,7 +250,7 @@ def cpu_peak_gflops(threads: int | None = None) -> float:
     """
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     mhz = [float(line.split(":")[1]) for line in cpuinfo.splitlines() if line.startswith("cpu MHz")]
-    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    flags = host_cpu_info().flags
     cpu = host_cpu()
     if "avx512f" in flags and cpu not in ("znver4",):
         lanes = 32

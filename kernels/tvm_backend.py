@@ -105,6 +105,7 @@ class TvmBackend:
 
         runner = (tuning.rpc_runner(target.rpc, target.device_key) if target.device == "rpc"
                   else tuning.local_runner(target.device_key))
-        tuner = tuning.SurveyTuner(tuning.TuningDatabase.for_target(prepared.target, self.cache_dir, target.tuning.database), **self.tuner_options)
+        tuner = tuning.SurveyTuner(tuning.TuningDatabase.for_target(
+            prepared.target, self.cache_dir, target.tuning.database, target.machine_key()), **self.tuner_options)
         return tuner.tune(prepared, evaluate, trials=target.tuning.trials, seconds=target.tuning.seconds,
                           runner=runner, threads=target.threads, incumbent_ms=self.incumbent_ms)

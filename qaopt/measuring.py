@@ -1,12 +1,13 @@
 """Measuring candidates on the target: approx's candidates handed to kernels, the figures returned as NNChoices.
 
-The timing itself (protocol, schedules, the quick untuned figure) is
-:mod:`qaopt.kernels`'; this module only translates between the two components.
+The timing itself (protocol, schedules, the quick untuned figure, intervals and
+the trust flag) is :mod:`qaopt.kernels`'; this module only translates between
+the two components, and carries each figure's :class:`~qaopt.result.Latency`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import numpy as np
 
 from qaopt import kernels
 from qaopt.approx import Candidate
-from qaopt.result import NNChoice
+from qaopt.result import Latency, NNChoice
 
 
 @dataclass
@@ -25,6 +26,24 @@ class MeasuredNN:
     candidate: Candidate
     compiled: Any  # kernels.Compiled
     choice: NNChoice
+
+
+@dataclass(frozen=True)
+class MeasuredConfiguration:
+    """A configuration's NNs compiled and measured as one frame: latency per frame (ms), its trust, memory (bytes)."""
+
+    nns: dict[str, MeasuredNN]
+    latency_ms: float
+    memory_bytes: int | None
+    latency: Latency
+
+
+def latency_of(parts: Sequence[kernels.Measurement]) -> Latency:
+    """The interval and trust of a latency that is the sum of ``parts``' medians (one part: its own interval)."""
+    samples = [list(p.samples_ms) for p in parts]
+    why = "; ".join(f"{p.backend}: {p.untrusted}" for p in parts if not p.trusted)
+    return Latency(ci_ms=kernels.sum_interval(samples), samples_ms=samples, trusted=not why, untrusted=why,
+                   epoch=" + ".join(dict.fromkeys(p.epoch for p in parts)))
 
 
 def workload_of(candidate: Candidate, example: np.ndarray) -> kernels.Workload:
@@ -45,6 +64,7 @@ def _measured(candidate: Candidate, measured: kernels.MeasuredModel) -> Measured
         macs=candidate.macs,
         params=candidate.params,
         backends_measured=measured.backends_measured,
+        latency=latency_of([measured.measurement]),
     )
     return MeasuredNN(candidate, measured.compiled, choice)
 
@@ -56,12 +76,12 @@ def measure_configuration(
     target: kernels.Target,
     cache_dir: Path,
     incumbent_ms: float | None = None,
-) -> tuple[dict[str, MeasuredNN], float, int | None]:
-    """Compile every NN for ``schedule``; return them with the frame latency (ms) and memory (bytes)."""
+) -> MeasuredConfiguration:
+    """Compile every NN for ``schedule``; return them with the frame latency (ms, with its interval) and memory."""
     frame = kernels.measure_frame({n: workload_of(c, examples[n]) for n, c in candidates.items()}, schedule, target,
                                   cache_dir=cache_dir, incumbent_ms=incumbent_ms)
     measured = {n: _measured(candidates[n], m) for n, m in frame.models.items()}
-    return measured, frame.latency_ms, frame.memory_bytes
+    return MeasuredConfiguration(measured, frame.latency_ms, frame.memory_bytes, latency_of(frame.parts))
 
 
 def quick_latency(candidates: Mapping[str, Candidate], examples: Mapping[str, np.ndarray], target: kernels.Target,

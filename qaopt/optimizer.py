@@ -179,11 +179,7 @@ def _optimize(
             aware=aware,
             agnostic=agnostic,
             agnostic_tolerance=AGNOSTIC_TOLERANCE,
-            speedups=Speedups(
-                aware=reference.latency_ms / aware.latency_ms if aware else None,
-                agnostic=reference.latency_ms / agnostic.latency_ms if agnostic else None,
-                aware_over_agnostic=agnostic.latency_ms / aware.latency_ms if aware and agnostic else None,
-            ),
+            speedups=Speedups.of(reference, aware, agnostic),
             validations=front.validations,
             agnostic_validation=agnostic_validation,
             fidelity=Fidelity.of(spec.calibration.error_model, front.validations, studies["aware"].closed_loop_checks),
@@ -261,9 +257,10 @@ def _reference(ctx: SearchContext, calibrated: ErrorRegion, run_dir: Path) -> Co
                    "reference's errors so that evaluations land near them, or improve the NNs")
         raise OptimizeError(f"{ctx.spec.source}: no approximation can be shown valid: {why}. "
                             f"See the calibration plot {run_dir / REGION_PLOT}.")
-    measured, latency, memory = ctx.measure(ctx.reference, "sequential")
-    return Configuration(nns={n: m.choice for n, m in measured.items()}, schedule="sequential", latency_ms=latency,
-                         memory_bytes=memory, errors=point, in_region=True)
+    frame = ctx.measure(ctx.reference, "sequential")
+    return Configuration(nns={n: m.choice for n, m in frame.nns.items()}, schedule="sequential",
+                         latency_ms=frame.latency_ms, memory_bytes=frame.memory_bytes, errors=point, in_region=True,
+                         latency=frame.latency)
 
 
 def _as_measured(study: StudySummary, reference: Configuration) -> Configuration:

@@ -11,12 +11,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from qaopt.app_spec import store  # noqa: E402
 from qaopt.approx import describe  # noqa: E402
-from qaopt.result import Configuration, Fidelity, Result, StudySummary, Validation  # noqa: E402
+from qaopt.result import Configuration, Fidelity, Latency, Result, StudySummary, Validation  # noqa: E402
 
 MiB = 2**20
 METRICS_NOTE = ("Counts (metrics reported as whole numbers per run, such as collisions or crashes) are totals over "
                 "the runs; every other metric (distances, gaps, rates) is the mean per run, since a sum of them means "
                 "nothing. In brackets: the value in the worst run, the run whose QoS metric is worst.")
+MEASUREMENT_NOTE = (
+    "Each latency is the median of its samples, with its 95 % interval in brackets: of the median (order statistics) "
+    "for one NN, of the sum of medians (percentile bootstrap, each NN resampled on its own) for a sequential frame. "
+    "Every measurement pins its threads to the target's cores and watches them: when other processes or the "
+    "hypervisor took more than 10 % of them, it is measured again, and still disturbed (or too uncertain) it is "
+    "marked *untrusted*. A speedup is the ratio of medians with a 95 % percentile-bootstrap interval; one whose "
+    "interval includes 1.0, or whose two sides are the same NNs, is no measurable difference.")
 CHECKS_NOTE = ("The front's configurations nearest the region's boundary, run closed-loop while the search went on "
                "(search.closed_loop); a failure corrected the region for the trials after it.")
 
@@ -35,15 +42,17 @@ def write_report(result: Result, run_dir: Path) -> Path:
         "",
         _outcome(result),
         "",
-        "| configuration | latency per frame (ms) | memory (MiB) | speedup vs reference | schedule |",
+        "| configuration | latency per frame (ms) [95 % interval] | memory (MiB) | speedup vs reference | schedule |",
         "|---|---|---|---|---|",
-        _row("reference (no approximation)", result.reference, result.reference.latency_ms),
+        _row("reference (no approximation)", result.reference, "1.00x"),
     ]
     if result.agnostic:
-        lines.append(_row("application-agnostic (each NN within its reference error)", result.agnostic, result.reference.latency_ms))
+        lines.append(_row("application-agnostic (each NN within its reference error)", result.agnostic,
+                          result.speedups.describe("agnostic")))
     if result.aware:
-        lines.append(_row("application-aware (inside the error region)", result.aware, result.reference.latency_ms))
-    lines += ["", "## Chosen NNs", ""]
+        lines.append(_row("application-aware (inside the error region)", result.aware, result.speedups.describe("aware")))
+    lines += ["", "### Measurement", "", MEASUREMENT_NOTE, "", _epochs(result), ""]
+    lines += ["## Chosen NNs", ""]
     for title, config in (("application-aware", result.aware), ("application-agnostic", result.agnostic),
                           ("reference", result.reference)):
         if config is not None:
@@ -114,10 +123,11 @@ def _outcome(result: Result) -> str:
     status = ("accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop" if result.aware_accepted
               else "not yet accepted: its closed-loop runs were too few to prove the goal at the spec's confidence "
                    "(run the default profile)")
-    text = f"Application-aware configuration (trial {result.aware.trial}) runs {s.aware:.2f}x faster than the reference; {status}."
+    text = (f"Application-aware configuration (trial {result.aware.trial}) against the reference: "
+            f"{s.describe('aware')}; {status}.")
     if s.aware_over_agnostic is not None:
-        text += (f" Application-agnostic compression reached {s.agnostic:.2f}x, so application awareness buys "
-                 f"{s.aware_over_agnostic:.2f}x more speed on the same backend and machine.")
+        text += (f" Application-agnostic compression against the reference: {s.describe('agnostic')}; application "
+                 f"awareness over it: {s.describe('aware_over_agnostic')}, on the same backends and machine.")
     v = result.agnostic_validation
     if v is not None:
         text += (f" With its NNs in the loop, the application-agnostic configuration passed {v.passes} of {v.runs} "
@@ -126,21 +136,54 @@ def _outcome(result: Result) -> str:
     return text
 
 
-def _row(name: str, config: Configuration, reference_ms: float) -> str:
+def _row(name: str, config: Configuration, speedup: str) -> str:
     mem = f"{config.memory_bytes / MiB:.2f}" if config.memory_bytes is not None else "n/a"
-    return f"| {name} | {config.latency_ms:.2f} | {mem} | {reference_ms / config.latency_ms:.2f}x | {config.schedule} |"
+    return f"| {name} | {format_latency(config.latency_ms, config.latency)} | {mem} | {speedup} | {config.schedule} |"
+
+
+def format_latency(ms: float, latency: Latency | None) -> str:
+    """``3.20 [3.11, 3.30]``, with ``(untrusted)`` after a figure the machine disturbed; the bare figure before v5."""
+    if latency is None:
+        return f"{ms:.2f}"
+    return f"{ms:.2f} {latency.interval}" + ("" if latency.trusted else " (untrusted)")
+
+
+def _epochs(result: Result) -> str:
+    """Which measurement epochs the compared figures come from, and which figures are untrusted and why."""
+    compared = {"reference": result.reference, "application-agnostic": result.agnostic,
+                "application-aware": result.aware}
+    latencies = {name: c.latency for name, c in compared.items() if c is not None and c.latency is not None}
+    if not latencies:
+        return "This result predates latency intervals (result version 4 or older): its figures carry none."
+    epochs = {latency.epoch for latency in latencies.values()}
+    text = (f"The configurations compared were all measured in one epoch (process `{epochs.pop()}`), so their "
+            "ratios are not skewed by load that changed between runs." if len(epochs) == 1 else
+            "The configurations compared were measured in different epochs (processes): "
+            + ", ".join(f"{name} in `{latency.epoch}`" for name, latency in latencies.items())
+            + "; ratios between them are not made.")
+    untrusted = [f"{name}: {latency.untrusted}" for name, latency in latencies.items() if not latency.trusted]
+    trials = [t for s in result.studies.values() for t in s.trials
+              if t.configuration is not None and t.configuration.latency is not None]
+    flagged = sum(not t.configuration.latency.trusted for t in trials)
+    if untrusted:
+        text += " Untrusted: " + "; ".join(untrusted) + "."
+    if trials:
+        text += f" Of the {len(trials)} measured trials, {flagged} were untrusted."
+    return text
 
 
 def _nn_table(config: Configuration) -> str:
     """One row per NN: its knobs (a column per knob of every registered approximation pass) and its figures."""
     knobs = {name: describe(c.knobs) for name, c in config.nns.items()}
     columns = list(dict.fromkeys(label for k in knobs.values() for label in k))
-    rows = ["| NN | " + " | ".join(columns) + " | error | backend | latency (ms) | MACs (M) | params (k) |",
-            "|---|" + "---|" * len(columns) + "---|---|---|---|---|"]
+    rows = ["| NN | " + " | ".join(columns) + " | error | backend | latency (ms) [95 % interval] | MACs (M) | params (k) "
+            "| backends measured (ms, or why not) |",
+            "|---|" + "---|" * len(columns) + "---|---|---|---|---|---|"]
     for name, c in config.nns.items():
+        backends = ", ".join(f"{b} {v:.2f}" if isinstance(v, float) else f"{b}: {v}" for b, v in c.backends_measured.items())
         rows.append(f"| {name} | " + " | ".join(knobs[name].get(col, "") for col in columns) +
-                    f" | {c.error:.4g} ({c.metric}) | {c.backend} | {c.latency_ms:.2f} | {c.macs / 1e6:.1f} | "
-                    f"{c.params / 1e3:.1f} |")
+                    f" | {c.error:.4g} ({c.metric}) | {c.backend} | {format_latency(c.latency_ms, c.latency)} | "
+                    f"{c.macs / 1e6:.1f} | {c.params / 1e3:.1f} | {backends} |")
     return "\n".join(rows)
 
 
@@ -186,8 +229,9 @@ def _candidate_table(study: StudySummary) -> str:
         if t.state != "complete":
             continue
         knobs = ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
-        latency = t.configuration.latency_ms if t.configuration else t.objectives.get("latency", float("nan"))
-        rows.append(f"| {t.number} | {t.feasible} | {latency:.2f} | {format_errors(t.errors)} | {knobs} |")
+        latency = (format_latency(t.configuration.latency_ms, t.configuration.latency) if t.configuration
+                   else f"{t.objectives.get('latency', float('nan')):.2f} (quick, untuned)")
+        rows.append(f"| {t.number} | {t.feasible} | {latency} | {format_errors(t.errors)} | {knobs} |")
     return "\n".join(rows)
 
 

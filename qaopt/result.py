@@ -21,6 +21,24 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Latency(_Model):
+    """A measured latency's uncertainty and whether the machine let it be trusted (qaopt.kernels.measure)."""
+
+    ci_ms: tuple[float, float] = Field(description=(
+        "95 % interval of the latency: of the median (order statistics) for one sample set, of the sum of medians "
+        "(percentile bootstrap) for several"))
+    samples_ms: list[list[float]] = Field(description=(
+        "the sample sets whose medians add up to the latency: one per NN run in sequence, one for a parallel frame"))
+    trusted: bool = Field(description="False when other processes disturbed the measurement or its median is uncertain")
+    untrusted: str = Field("", description="why it is not trusted")
+    epoch: str = Field(description="the process that measured it: decisions compare only figures of one epoch")
+
+    @property
+    def interval(self) -> str:
+        """``[lo, hi]`` in ms, as tables show it."""
+        return f"[{self.ci_ms[0]:.2f}, {self.ci_ms[1]:.2f}]"
+
+
 class NNChoice(_Model):
     """One NN of a configuration: its knobs, the error they cost, and how fast it ran."""
 
@@ -36,6 +54,7 @@ class NNChoice(_Model):
     backends_measured: dict[str, float | str] = Field(
         default_factory=dict, description="every backend's median latency (ms), or why it could not run"
     )
+    latency: Latency | None = Field(None, description="latency_ms's interval and trust; None before result version 5")
 
 
 class Configuration(_Model):
@@ -48,6 +67,12 @@ class Configuration(_Model):
     memory_bytes: int | None
     errors: dict[str, float] = Field(description="the error vector in the region's axis names")
     in_region: bool
+    latency: Latency | None = Field(None, description="latency_ms's interval and trust; None before result version 5")
+
+    def same_nns(self, other: Configuration) -> bool:
+        """Whether both run the same candidates under the same schedule (a speedup between them can only be noise)."""
+        return self.schedule == other.schedule and ({n: c.candidate for n, c in self.nns.items()}
+                                                    == {n: c.candidate for n, c in other.nns.items()})
 
 
 class RunMetric(_Model):
@@ -148,10 +173,71 @@ def _fidelity_note(error_model: str | None, compared: Sequence[Validation], deci
     return ""
 
 
+NO_DIFFERENCE = "no measurable difference"
+Verdict = Literal["faster", "slower", "no measurable difference", "not comparable"]
+
+
+class SpeedupInterval(_Model):
+    """What a speedup (a ratio of latencies) may claim, given both sides' samples."""
+
+    ci: tuple[float, float] | None = Field(description=(
+        "95 % percentile-bootstrap interval of the ratio of medians, each side resampled from its own samples"))
+    verdict: Verdict = Field(description=(
+        "faster/slower when the interval excludes 1.0; 'no measurable difference' when it includes 1.0 or both sides "
+        "are the same NNs; 'not comparable' when they were measured in different epochs"))
+    note: str = ""
+
+    @classmethod
+    def of(cls, slow: Configuration, fast: Configuration) -> SpeedupInterval:
+        """The interval of ``slow.latency_ms / fast.latency_ms``."""
+        from qaopt.kernels import ratio_interval
+
+        if slow.same_nns(fast):
+            return cls(ci=None, verdict=NO_DIFFERENCE, note="the same NNs on both sides")
+        if slow.latency is None or fast.latency is None:
+            return cls(ci=None, verdict="not comparable", note="no samples recorded (result version 4 or older)")
+        if slow.latency.epoch != fast.latency.epoch:
+            return cls(ci=None, verdict="not comparable", note=(
+                f"measured in different processes (epochs {slow.latency.epoch} and {fast.latency.epoch}), whose "
+                "machine load may differ; measure both in one run to compare them"))
+        lo, hi = ratio_interval(slow.latency.samples_ms, fast.latency.samples_ms)
+        untrusted = [c.latency.untrusted for c in (slow, fast) if not c.latency.trusted]
+        note = f"from untrusted measurements: {'; '.join(untrusted)}" if untrusted else ""
+        verdict: Verdict = "faster" if lo > 1.0 else "slower" if hi < 1.0 else NO_DIFFERENCE
+        return cls(ci=(lo, hi), verdict=verdict, note=note)
+
+
 class Speedups(_Model):
     aware: float | None = Field(None, description="reference latency / application-aware latency")
     agnostic: float | None = Field(None, description="reference latency / application-agnostic latency")
     aware_over_agnostic: float | None = Field(None, description="agnostic latency / aware latency")
+    intervals: dict[str, SpeedupInterval] = Field(default_factory=dict, description=(
+        "each ratio's interval and verdict by its field name (aware, agnostic, aware_over_agnostic); "
+        "empty before result version 5"))
+
+    @classmethod
+    def of(cls, reference: Configuration, aware: Configuration | None, agnostic: Configuration | None) -> Speedups:
+        """The three ratios of a run, each with its interval and verdict."""
+        pairs = {"aware": (reference, aware), "agnostic": (reference, agnostic), "aware_over_agnostic": (agnostic, aware)}
+        values = {name: slow.latency_ms / fast.latency_ms for name, (slow, fast) in pairs.items()
+                  if slow is not None and fast is not None}
+        intervals = {name: SpeedupInterval.of(slow, fast) for name, (slow, fast) in pairs.items()
+                     if slow is not None and fast is not None}
+        return cls(**values, intervals=intervals)
+
+    def describe(self, name: str) -> str:
+        """A ratio as the report says it: ``1.19x (95 % interval 1.15-1.23)``, or why it is no gain."""
+        value: float | None = getattr(self, name)
+        if value is None:
+            return "n/a"
+        interval = self.intervals.get(name)
+        if interval is None:
+            return f"{value:.2f}x"
+        ci = f"95 % interval {interval.ci[0]:.2f}-{interval.ci[1]:.2f}" if interval.ci else ""
+        note = "; ".join(x for x in (ci, interval.note) if x)
+        if interval.verdict in (NO_DIFFERENCE, "not comparable"):
+            return f"{interval.verdict} ({value:.2f}x" + (f"; {note})" if note else ")")
+        return f"{value:.2f}x" + (f" ({note})" if note else "")
 
 
 class TrialRecord(_Model):
@@ -189,10 +275,12 @@ class StudySummary(_Model):
         return sorted(configs, key=lambda c: (c.latency_ms, c.memory_bytes or 0))
 
 
-RESULT_VERSION = 4
+RESULT_VERSION = 5
 """Bumped when ``result.json`` changes meaning; 2 added the trials tables, 3 per-metric means, worst runs and
 counts' totals in place of every metric's sum, and the region's provenance, 4 the fidelity figures
-(:class:`Fidelity`), the closed-loop checks during the search and why a trial is infeasible."""
+(:class:`Fidelity`), the closed-loop checks during the search and why a trial is infeasible, 5 each latency's
+interval, trust flag and epoch (:class:`Latency`) and each speedup's interval and verdict (:class:`SpeedupInterval`).
+Version-4 files load as they are: the new fields are empty in them."""
 FIDELITY_VERSION = 4
 """The first version with :class:`Fidelity`; an older (version-3) file is read with its fidelity recomputed."""
 

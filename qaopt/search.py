@@ -38,7 +38,7 @@ from qaopt.app_spec import AppSpec, QaoptError
 from qaopt.approx import Candidate, Knobs, KnobSpace, SearchLimits, TargetNN, build
 from qaopt.calibrate import ErrorRegion
 from qaopt.kernels import schedules_for, threads_of
-from qaopt.measuring import measure_configuration, quick_latency
+from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
 from qaopt.profiles import Profile
 from qaopt.result import Configuration, StudySummary, TrialRecord, Validation
 
@@ -122,7 +122,8 @@ class SearchContext:
     train_device: str = "cpu"
     """Where candidates are fine-tuned and ladders built (``training.device``, resolved)."""
     incumbent_ms: dict[Mode, float] = field(default_factory=dict)
-    _measured: dict[tuple, tuple[dict, float, int | None]] = field(default_factory=dict, repr=False)
+    _measured: dict[tuple, MeasuredConfiguration] = field(default_factory=dict, repr=False)
+    _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False)
 
     def examples(self) -> dict[str, np.ndarray]:
         return {name: np.zeros(nn.input_shape, dtype=np.float32) for name, nn in self.nns.items()}
@@ -143,15 +144,31 @@ class SearchContext:
         """Each reference NN's own error metric on its validation data (what accuracy-preserving compression keeps)."""
         return {name: c.error for name, c in self.reference.items()}
 
-    def measure(self, candidates: Mapping[str, Candidate], schedule: str, mode: Mode | None = None):
+    def measure(self, candidates: Mapping[str, Candidate], schedule: str, mode: Mode | None = None
+                ) -> MeasuredConfiguration:
         """Compile and measure a configuration once per run: both studies and the reference share it,
-        so their latencies compare without measurement noise between them."""
-        key = (tuple(sorted((n, c.key) for n, c in candidates.items())), schedule)
+        so their latencies compare without measurement noise between them, and a configuration Optuna
+        samples again costs nothing and gets the same figure (the measurement cache)."""
+        key = (_nns_key(candidates), schedule)
         if key not in self._measured:
             self._measured[key] = measure_configuration(
                 candidates, self.examples(), schedule, self.target, self.cache_dir, self.incumbent_ms.get(mode)
             )
         return self._measured[key]
+
+    def quick(self, candidates: Mapping[str, Candidate]) -> tuple[float, int | None]:
+        """The untuned figure (latency ms, memory bytes) of an infeasible configuration, once per run.
+
+        A configuration already measured in full answers with that figure, so one configuration
+        never carries two different latencies in a run.
+        """
+        nns = _nns_key(candidates)
+        full = self._measured.get((nns, "sequential"))
+        if full is not None:
+            return full.latency_ms, full.memory_bytes
+        if nns not in self._quick:
+            self._quick[nns] = quick_latency(candidates, self.examples(), self.target, self.cache_dir)
+        return self._quick[nns]
 
     def errors_of(self, candidates: Mapping[str, Candidate]) -> dict[str, float]:
         """The configuration's point in the region's axes (NNs not calibrated are left out)."""
@@ -210,19 +227,20 @@ class Objective:
                 latency, memory = self._quick(candidates)
                 return self._values(latency, memory)
             self.on_trial(f"{self.mode} trial {trial.number}: compiling and measuring on {ctx.target.device}")
-            measured, latency, memory = ctx.measure(candidates, schedule, self.mode)
-            ctx.incumbent_ms[self.mode] = min(latency, ctx.incumbent_ms.get(self.mode, float("inf")))
+            frame = ctx.measure(candidates, schedule, self.mode)
+            ctx.incumbent_ms[self.mode] = min(frame.latency_ms, ctx.incumbent_ms.get(self.mode, float("inf")))
             config = Configuration(
                 trial=trial.number,
-                nns={n: m.choice for n, m in measured.items()},
+                nns={n: m.choice for n, m in frame.nns.items()},
                 schedule=schedule,
-                latency_ms=latency,
-                memory_bytes=memory,
+                latency_ms=frame.latency_ms,
+                memory_bytes=frame.memory_bytes,
                 errors=errors,
                 in_region=True if self.mode == "aware" else ctx.region.contains(errors),
+                latency=frame.latency,
             )
             trial.set_user_attr(ATTR_CONFIGURATION, config.model_dump(mode="json"))
-            return self._values(latency, memory)
+            return self._values(frame.latency_ms, frame.memory_bytes)
         except Exception as exc:
             trial.set_user_attr(ATTR_FAILURE, f"{type(exc).__name__}: {exc}")
             raise
@@ -244,11 +262,16 @@ class Objective:
 
     def _quick(self, candidates: Mapping[str, Candidate]) -> tuple[float, int | None]:
         """Untuned latency (sequential) on the first backend that runs each candidate (kernels' quick protocol)."""
-        return quick_latency(candidates, self.ctx.examples(), self.ctx.target, self.ctx.cache_dir)
+        return self.ctx.quick(candidates)
 
     def _values(self, latency: float, memory: int | None) -> list[float]:
         figures = {"latency": latency, "memory": (memory or 0) / 2**20}
         return [figures[o] for o in self.ctx.spec.search.objectives]
+
+
+def _nns_key(candidates: Mapping[str, Candidate]) -> tuple[tuple[str, str], ...]:
+    """What identifies a configuration's NNs in the measurement cache: each NN's candidate key."""
+    return tuple(sorted((n, c.key) for n, c in candidates.items()))
 
 
 def nonfinite(candidates: Mapping[str, Candidate]) -> str:

@@ -110,7 +110,7 @@ def test_unpruned_fp32_candidate_measures_the_base_nn(tiny_nn, cache):
     seq = tiny_nn.data.val_sequences[1]
     np.testing.assert_allclose(cand.residuals[1], (pred - truth)[seq, 0], rtol=1e-4, atol=1e-5)
     assert cand.params == sum(p.numel() for p in tiny_nn.model.parameters())
-    assert cand.runnable_on == ("torch", "torch-compile", "onnxruntime", "tvm")
+    assert cand.runnable_on == ("torch", "torch-compile", "onnxruntime", "openvino", "tvm")
     assert cand.onnx_path is None and not cand.from_cache
 
 
@@ -167,7 +167,7 @@ def test_distillation_recovers_pruned_error(tiny_nn, cache):
 def test_int8_runs_on_onnxruntime_with_small_error_cost(tiny_nn, cache):
     fp32 = build(tiny_nn, Knobs(prune_ratio=0.5), cache_dir=cache)
     int8 = build(tiny_nn, Knobs(prune_ratio=0.5, dtype="int8"), cache_dir=cache)
-    assert int8.runnable_on == ("onnxruntime",) and int8.onnx_path.is_file()
+    assert int8.runnable_on == ("onnxruntime", "openvino") and int8.onnx_path.is_file()
     import onnx
 
     ops = {node.op_type for node in onnx.load(str(int8.onnx_path)).graph.node}
@@ -181,7 +181,7 @@ def test_bf16_candidate_runs_in_bf16(tiny_nn, cache):
     fp32 = build(tiny_nn, Knobs(), cache_dir=cache)
     bf16 = build(tiny_nn, Knobs(dtype="bf16"), cache_dir=cache)
     assert next(bf16.module.parameters()).dtype == torch.bfloat16
-    assert bf16.runnable_on == ("torch", "torch-compile")
+    assert bf16.runnable_on == ("torch", "torch-compile", "openvino")
     assert bf16.error != fp32.error and abs(bf16.error - fp32.error) < 0.1 * fp32.error
 
 

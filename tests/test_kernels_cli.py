@@ -52,7 +52,8 @@ def test_bench_measures_every_backend_and_marks_the_kept_one(spec):
     result = CliRunner().invoke(app, ["kernels", "bench", str(spec)])
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("│ heading")]
-    assert {r.split("│")[2].strip().removesuffix(" (kept)") for r in rows} == {"torch", "torch[channels_last]", "onnxruntime", "tvm"}
+    assert {r.split("│")[2].strip().removesuffix(" (kept)") for r in rows} == {"torch", "torch[channels_last]", "onnxruntime",
+                                                                               "openvino", "tvm"}
     assert sum("(kept)" in r for r in rows) == 1
 
 

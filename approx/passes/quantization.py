@@ -30,14 +30,14 @@ class DtypeInfo:
 
 DTYPES: dict[str, DtypeInfo] = {
     # Every backend runs fp32; TVM imports the (pruned) torch module.
-    "fp32": DtypeInfo("float32", ("torch", "torch-compile", "onnxruntime", "tvm")),
-    # oneDNN runs bf16 natively on AVX-512 BF16 CPUs (and every recent GPU).
-    "bf16": DtypeInfo("bfloat16", ("torch", "torch-compile")),
+    "fp32": DtypeInfo("float32", ("torch", "torch-compile", "onnxruntime", "openvino", "tvm")),
+    # oneDNN runs bf16 natively on AVX-512 BF16 CPUs (and every recent GPU); OpenVINO under its bf16 precision hint.
+    "bf16": DtypeInfo("bfloat16", ("torch", "torch-compile", "openvino")),
     # fp16 is native on GPUs; x86 CPUs without AVX-512 FP16 emulate it (slower than fp32).
     "fp16": DtypeInfo("float16", ("torch", "torch-compile")),
-    # int8 runs integer (VNNI) kernels only through ONNX Runtime's static QDQ graph here:
+    # int8 runs integer (VNNI) kernels through the static QDQ graph, on ONNX Runtime and OpenVINO:
     # see docs/quantization.md for the routes measured.
-    "int8": DtypeInfo(None, ("onnxruntime",)),
+    "int8": DtypeInfo(None, ("onnxruntime", "openvino")),
 }
 """The one list of dtypes a candidate may take."""
 

@@ -49,8 +49,8 @@ def optimize(
     s = result.speedups
     typer.echo(f"report: {result.report}")
     if result.aware is not None:
-        typer.echo(f"application-aware speedup {s.aware:.2f}x"
-                   + (f", application-agnostic {s.agnostic:.2f}x, ratio {s.aware_over_agnostic:.2f}x"
-                      if s.aware_over_agnostic else ""))
+        typer.echo(f"application-aware speedup {s.describe('aware')}"
+                   + (f", application-agnostic {s.describe('agnostic')}, aware over agnostic "
+                      f"{s.describe('aware_over_agnostic')}" if s.aware_over_agnostic else ""))
     else:
         typer.echo("no application-aware configuration passed closed-loop validation; see the report")

@@ -1,0 +1,89 @@
+"""Noise detection: a measurement the machine disturbed is measured again, and still disturbed, marked untrusted.
+
+Interference is injected (a probe that reports it, a /proc/stat that shows it), never produced by loading
+the machine and timing: no assertion here depends on how fast anything ran.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from qaopt.kernels import CpuLoadProbe, Interference, Protocol, measure_callable, median_interval
+from qaopt.kernels.measure import read_proc_stat
+
+FAST = Protocol(warmup=1, repeats=5, min_sample_ms=0.1, retries=2, retry_wait_s=0.0)
+
+
+class ScriptedProbe:
+    """Reports the interference of each attempt from a script (the last entry repeats)."""
+
+    def __init__(self, *shares: float):
+        self.shares = list(shares)
+        self.attempts = 0
+
+    def start(self) -> None:
+        self.attempts += 1
+
+    def stop(self) -> Interference:
+        return Interference(others=self.shares[min(self.attempts, len(self.shares)) - 1], steal=0.0)
+
+
+def _measure(probe: ScriptedProbe, protocol: Protocol = FAST):
+    return measure_callable(lambda: None, backend="test", device="cpu", device_key="test-noise", threads=1,
+                            param_bytes=0, protocol=protocol, probe=probe)
+
+
+def test_a_measurement_beside_a_cpu_bound_process_is_retried_then_flagged():
+    probe = ScriptedProbe(0.9)  # another process held 90 % of the measured cores in every attempt
+    m = _measure(probe)
+    assert probe.attempts == 1 + FAST.retries
+    assert not m.trusted
+    assert "other processes took 90%" in m.untrusted
+    assert m.interference == pytest.approx(0.9)
+
+
+def test_a_retry_on_a_quiet_machine_clears_the_flag():
+    probe = ScriptedProbe(0.9, 0.0)
+    m = _measure(probe)
+    assert probe.attempts == 2
+    assert "other processes" not in m.untrusted
+    assert m.interference == 0.0
+
+
+def test_a_quiet_measurement_is_taken_once():
+    probe = ScriptedProbe(0.01)
+    m = _measure(probe)
+    assert probe.attempts == 1 and "other processes" not in m.untrusted
+    assert m.ci_ms[0] <= m.median_ms <= m.ci_ms[1] and m.epoch
+
+
+def test_the_hypervisor_stealing_the_cores_counts_as_interference():
+    class Stolen(ScriptedProbe):
+        def stop(self) -> Interference:
+            return Interference(others=0.0, steal=0.5)
+
+    m = _measure(Stolen(0.0))
+    assert not m.trusted and "hypervisor 50%" in m.untrusted
+
+
+def test_the_cpu_probe_counts_other_processes_time_on_the_measured_cores():
+    # Over 1 s, cores 0 and 1 were busy 1.8 s together; this process used 0.2 s of it: others took 1.6 s of 2 s.
+    stats = iter([{0: (100.0, 5.0), 1: (100.0, 5.0), 2: (0.0, 0.0)},
+                  {0: (101.0, 5.1), 1: (100.8, 5.1), 2: (9.0, 0.0)}])
+    own = iter([10.0, 10.2])
+    clock = iter([50.0, 51.0])
+    probe = CpuLoadProbe((0, 1), read=lambda: next(stats), own=lambda: next(own), clock=lambda: next(clock))
+    probe.start()
+    seen = probe.stop()
+    assert seen.others == pytest.approx(0.8)  # core 2 (not measured) does not count
+    assert seen.steal == pytest.approx(0.1)
+
+
+def test_the_cpu_probe_reads_this_machine():
+    times = read_proc_stat()
+    assert times and all(busy >= 0 and steal >= 0 for busy, steal in times.values())
+
+
+def test_the_median_interval_is_the_order_statistics_one():
+    assert median_interval(list(range(1, 16))) == (4.0, 12.0)  # 96.5 % coverage with 15 samples
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few samples for 95 %: min and max

@@ -53,8 +53,9 @@ def build(
     ``backend`` (optional) is the backend the candidate must run on: asking int8 of
     a backend without integer kernels fails at once, before anything is built.
     ``onnx`` exports and runs ONNX graphs (``qaopt.kernels.onnx``); int8 needs it.
-    ``device`` is where fine-tuning runs (``"cuda"`` if there is one); it is not part
-    of the cache key, so a candidate fine-tuned on a GPU serves a CPU-only run.
+    ``device`` is where fine-tuning (and the error of a torch candidate) runs (``"cuda"`` if
+    there is one); it is not part of the cache key, so a candidate built on a GPU serves a
+    CPU-only run.
     ``progress`` receives one line per stage, for progress displays.
     """
     knobs.check(nn_.name, backend)
@@ -74,7 +75,7 @@ def build(
             for p in passes("export"):
                 runnable = p.export(runnable, knobs, ctx, tmp)
             progress("measuring the error metric")
-            pred = _predict(runnable, onnx, d.x_val)
+            pred = _predict(runnable, onnx, d.x_val, device)
             macs, params = tp.utils.count_ops_and_params(model, nn_.example_input)
             meta = {
                 "nn": nn_.name,
@@ -91,10 +92,11 @@ def build(
         return _load(store, store.entry("candidates", key), meta, nn_.name, knobs, onnx, from_cache=False)
 
 
-def _predict(runnable: Runnable, onnx: OnnxToolchain | None, x: np.ndarray) -> np.ndarray:
+def _predict(runnable: Runnable, onnx: OnnxToolchain | None, x: np.ndarray, device: str) -> np.ndarray:
+    """The candidate's outputs on ``x``: an ONNX graph on ONNX Runtime's CPU, a torch module on the training device."""
     if runnable.onnx_path is not None:
         return predict_onnx(onnx.ort_session(runnable.onnx_path), x)
-    return predict_torch(runnable.module, x)
+    return predict_torch(runnable.module, x, device=device)
 
 
 def _load(store: Store, folder: Path, meta: dict, nn_name: str, knobs: Knobs, onnx: OnnxToolchain | None,

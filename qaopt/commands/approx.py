@@ -86,7 +86,7 @@ def ladder(
     config = space.configs.get("pruning")
     if not isinstance(config, PruningConfig) or config.ladder is None:
         raise QaoptError(f"{spec}: approximations.{nn}.pruning has no ladder section; add e.g. "
-                         "ladder: {step: 0.05, finetune_steps: 160} under it (docs/quantization.md, pruning ladders)")
+                         "ladder: {step: 0.05, finetune_steps: 160} under it (docs/pruning.md)")
     lo, hi = config.ratios()
     step = config.ladder.step
     rungs = [0.0, *(round(k * step, 6) for k in range(max(1, round(lo / step)), round(hi / step) + 1))]

@@ -176,6 +176,106 @@ class ControllerParams:
         _require(self.r_turn > 0, "controller_params.r_turn", f"{self.r_turn} must be > 0")
 
 
+ESTIMATORS = ("none", "ekf")
+"""State estimators between the perception NNs and the controller (``estimator`` parameter)."""
+
+
+@dataclass(frozen=True)
+class EstimatorParams:
+    """What sits between the NNs and the controller, and the robot's motion sensors.
+
+    ``none`` (the default) hands the NNs' raw per-frame estimates to the controller.
+    ``ekf`` fuses them with wheel odometry and a gyro in an extended Kalman filter
+    (:mod:`.estimator`), as TerraSentia fuses perception with odometry and an IMU.
+
+    The sensor fields describe the simulated sensors; the filter assumes the same
+    (datasheet) values, as a robot's filter is tuned from its sensors' datasheets.
+    Gyro defaults are those of a consumer MEMS IMU such as the Bosch BMI088 or
+    TDK ICM-20948, the class that small field robots carry. The NN noise defaults
+    come from the shipped compact reference NNs' validation L1 errors
+    (``weights/compact-*.json``: 1.484 deg, 0.0354) as the standard deviation of a
+    zero-mean Gaussian with that L1 (L1 * sqrt(pi / 2)).
+    """
+
+    kind: Literal["none", "ekf"] = "none"
+    gyro_noise_density_degps_per_sqrt_hz: float = 0.014
+    """Gyro white noise (BMI088 datasheet: 0.014 deg/s/sqrt(Hz)); the mean rate over a
+    perception period T errs by this / sqrt(T)."""
+    gyro_initial_bias_std_degps: float = 0.2
+    """Spread of the gyro's bias at the start of a run. MEMS turn-on offsets are up to
+    about 1 deg/s; a standstill calibration before the run leaves a few tenths (thermal
+    drift since). Uncorrected, 0.2 deg/s turns the heading by 20 deg in a 100 m run."""
+    gyro_bias_walk_degps_per_sqrt_s: float = 0.002
+    """Random walk of the bias during the run (in-run drift of about 0.03 deg/s over 100 m)."""
+    odometry_speed_noise_std: float = 0.01
+    """Relative error of the wheel-odometry speed over a perception period (encoder
+    quantisation, wheel-radius jitter). Wheel slip comes on top: the wheels turn at the
+    commanded speed while the ground speed slips by ``robot.speed_slip_std``."""
+    heading_std_deg: float = 1.86
+    """Measurement noise the filter assumes for the heading NN (compact NN: L1 1.484 deg)."""
+    distance_std_ratio: float = 0.0443
+    """Measurement noise the filter assumes for the distance NN, in its ratio (compact NN: L1 0.0354)."""
+    noise_adaptation_s: float = 2.0
+    """Time constant of each NN's running noise estimate (from its innovations);
+    ``heading_std_deg`` and ``distance_std_ratio`` are where it starts and its floor; 0 keeps
+    them fixed. An NN that errs more than the filter assumes would otherwise have many of its
+    frames rejected by the gate, and the filter would coast on the motion sensors until it lost
+    the robot: with fixed noise, white errors of L1 6 deg and 0.09 on both NNs made 11 of 16
+    runs collide, with 2 s none. Shorter lets outlier bursts pass as noise (0.5 s: 44 % of the
+    distance NN's burst frames rejected, against 84 % at 2 s)."""
+    lateral_walk_m_per_sqrt_s: float = 0.005
+    """Process noise on the lateral offset: sideways skid and the part of the slip the model misses."""
+    heading_drift_walk_degps_per_sqrt_s: float = 0.05
+    """Process noise on the heading drift rate, i.e. the gyro bias plus curvature * speed.
+    The robot does not know the row's curvature: rows bending by up to 0.02 /m over 5 m
+    change curvature * speed by up to ~0.002 rad/s^2, a walk of ~0.04 deg/s/sqrt(s) at 10 Hz."""
+    initial_lateral_std_m: float = 0.05
+    """Filter's initial uncertainty of the lateral offset (the run starts within +-0.04 m)."""
+    initial_heading_std_deg: float = 3.0
+    """Filter's initial uncertainty of the heading error (the run starts within +-3 deg)."""
+    initial_heading_drift_std_degps: float = 1.0
+    """Filter's initial uncertainty of the drift rate (bias 0.2 deg/s plus up to 0.7 deg/s of curvature * speed)."""
+    gate_chi2: float = 10.83
+    """Innovation gate: a measurement whose normalised innovation squared exceeds this is
+    rejected. 10.83 is the chi-square (1 degree of freedom) quantile of 0.999, so a
+    measurement that fits the filter's model is rejected once in 1,000 frames."""
+    rejections_before_inflation: int = 20
+    """After this many rejections of one NN in a row (2 s at 10 Hz) the filter stops trusting itself ..."""
+    inflation_per_rejection: float = 1.5
+    """... and each further rejection multiplies the variance of the measured state by this, so the
+    gate widens until the NN is accepted again: a run of rejections cannot lock the filter out (a
+    filter 20 deg off re-locks about 1.5 s after inflating starts). Inflating sooner or faster
+    throws the filter back onto a noisy NN's next frame: with fixed NN noise
+    (``noise_adaptation_s=0``), 10 and 2.0 let white heading errors of L1 16 deg make 7 of 40
+    runs collide, 20 and 1.5 none."""
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ESTIMATORS, "estimator", f"{self.kind!r} is not an estimator; use 'none' (raw NN estimates) or 'ekf'")
+        for name in ("gyro_noise_density_degps_per_sqrt_hz", "gyro_initial_bias_std_degps", "gyro_bias_walk_degps_per_sqrt_s",
+                     "noise_adaptation_s", "lateral_walk_m_per_sqrt_s", "heading_drift_walk_degps_per_sqrt_s"):
+            _require(getattr(self, name) >= 0, f"estimator_params.{name}", f"{getattr(self, name)} must be >= 0")
+        _require(0 <= self.odometry_speed_noise_std < 1, "estimator_params.odometry_speed_noise_std",
+                 f"{self.odometry_speed_noise_std} must be in [0, 1) (a relative error, e.g. 0.01)")
+        for name in ("heading_std_deg", "distance_std_ratio", "initial_lateral_std_m", "initial_heading_std_deg",
+                     "initial_heading_drift_std_degps"):
+            _require(getattr(self, name) > 0, f"estimator_params.{name}", f"{getattr(self, name)} must be > 0 (a standard deviation the filter divides by)")
+        _require(self.gate_chi2 > 0, "estimator_params.gate_chi2", f"{self.gate_chi2} must be > 0 (10.83 rejects 1 in 1,000 good measurements)")
+        _require(self.rejections_before_inflation >= 1, "estimator_params.rejections_before_inflation",
+                 f"{self.rejections_before_inflation} must be >= 1 (e.g. 20)")
+        _require(self.inflation_per_rejection > 1, "estimator_params.inflation_per_rejection",
+                 f"{self.inflation_per_rejection} must be > 1, or a run of rejections locks the filter out (e.g. 1.5)")
+
+    @classmethod
+    def from_params(cls, estimator: Any = "none", estimator_params: Any = None) -> EstimatorParams:
+        """Build from the evaluator's ``estimator`` and ``estimator_params`` parameters."""
+        _require(isinstance(estimator, str) and estimator in ESTIMATORS, "estimator",
+                 f"{estimator!r} is not an estimator; use 'none' (raw NN estimates) or 'ekf'")
+        values = dict(_mapping({} if estimator_params is None else estimator_params, "estimator_params"))
+        _require(not values or estimator == "ekf", "estimator_params",
+                 f"given, but estimator is {estimator!r}; set estimator: ekf or drop estimator_params")
+        return _build(cls, {**values, "kind": estimator}, "estimator_params")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Everything that determines a CropFollow run, apart from the seed and the NNs."""
@@ -282,7 +382,7 @@ def _check_types(kind: type, values: Mapping[str, Any], prefix: str) -> None:
     types = {f.name: f.type for f in dataclasses.fields(kind)}
     for name, value in values.items():
         expected = types[name]
-        param = "controller" if (kind is ControllerParams and name == "kind") else prefix + name
+        param = _KIND_PARAMS[kind] if (kind in _KIND_PARAMS and name == "kind") else prefix + name
         if expected == "float":
             _require(_is_real(value), param, f"{value!r} is not a finite number")
         elif expected == "int":
@@ -290,6 +390,10 @@ def _check_types(kind: type, values: Mapping[str, Any], prefix: str) -> None:
         elif expected.startswith("tuple[float"):
             _require(isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_real, value)), param,
                      f"{value!r} is not a pair of finite numbers [min, max]")
+
+
+_KIND_PARAMS = {ControllerParams: "controller", EstimatorParams: "estimator"}
+"""The top-level parameter that sets each nested dataclass's ``kind`` field."""
 
 
 def _is_real(value: Any) -> bool:

@@ -74,12 +74,19 @@ def _curvature(curv, b, s):
 
 
 @njit(cache=True)
-def _advance_one(st, b, curv, key, step, phys, v, w):
-    """Move episode ``b`` one perception period with commands (v, w); count contacts."""
+def advance_one(st, b, curv, key, step, phys, v, w):
+    """Move episode ``b`` one perception period with commands (v, w); count contacts.
+
+    Returns the mean turn rate the body really had over the sub-steps it moved (what a
+    gyro measures: the commanded rate plus terrain noise).
+    """
+    turned, moved = 0.0, 0
     for j in range(phys.substeps):
         counter = np.uint64(2) * (np.uint64(step) * np.uint64(phys.substeps) + np.uint64(j))
         v_eff = v * (1.0 + phys.slip_std * gauss(key, counter))
         w_eff = w + phys.turn_noise_std * gauss(key, counter + np.uint64(1))
+        turned += w_eff
+        moved += 1
         s, ey, epsi = st[b, S], st[b, EY], st[b, EPSI]
         # Midpoint (RK2) integration of the Frenet kinematics.
         kappa = _curvature(curv, b, s)
@@ -109,10 +116,11 @@ def _advance_one(st, b, curv, key, step, phys, v, w):
         if st[b, S] >= phys.run_length:
             st[b, DONE] = 1.0
             break
+    return turned / moved
 
 
 @njit(cache=True, inline="always")
-def _observe_one(st, b, phys, truth):
+def observe_one(st, b, phys, truth):
     truth[0, b] = math.degrees(st[b, EPSI])
     truth[1, b] = 0.5 - st[b, EY] / phys.row_spacing
 
@@ -121,7 +129,7 @@ def _observe_one(st, b, phys, truth):
 def observe(st, phys, truth):
     """Ground truth of the two NNs into ``truth`` (2, B): heading (deg) and d_left / (d_left + d_right)."""
     for b in range(st.shape[0]):
-        _observe_one(st, b, phys, truth)
+        observe_one(st, b, phys, truth)
 
 
 @njit(cache=True, inline="always")
@@ -133,6 +141,26 @@ def _turn_rate(ctrl, ey_hat, epsi_hat, v):
 
 
 @njit(cache=True)
+def check_estimates(est_heading, est_distance, st):
+    """0, or :data:`BAD_HEADING` / :data:`BAD_DISTANCE` when an unfinished episode's estimate is not finite."""
+    for b in range(st.shape[0]):
+        if st[b, DONE] == 0.0:
+            if not math.isfinite(est_heading[b]):
+                return BAD_HEADING
+            if not math.isfinite(est_distance[b]):
+                return BAD_DISTANCE
+    return 0
+
+
+@njit(cache=True, inline="always")
+def command(ctrl, phys, ey_hat, epsi_hat):
+    """The controller's (v, w) for estimated lateral (m) and heading (rad) errors, w limited to the turn rate."""
+    v = phys.cruise_speed
+    w = _turn_rate(ctrl, ey_hat, epsi_hat, v)
+    return v, min(max(w, -phys.max_turn_rate), phys.max_turn_rate)
+
+
+@njit(cache=True)
 def closed_loop_step(est_heading, est_distance, st, curv, keys, step, phys, ctrl, truth):
     """One perception period of every unfinished episode, controller in the loop.
 
@@ -140,25 +168,17 @@ def closed_loop_step(est_heading, est_distance, st, curv, keys, step, phys, ctrl
     the number of unfinished episodes, or :data:`BAD_HEADING` / :data:`BAD_DISTANCE`
     (nothing moved) when an estimate of an unfinished episode is not finite.
     """
-    n = st.shape[0]
-    for b in range(n):
-        if st[b, DONE] == 0.0:
-            if not math.isfinite(est_heading[b]):
-                return BAD_HEADING
-            if not math.isfinite(est_distance[b]):
-                return BAD_DISTANCE
+    bad = check_estimates(est_heading, est_distance, st)
+    if bad != 0:
+        return bad
     active = 0
-    for b in range(n):
+    for b in range(st.shape[0]):
         if st[b, DONE] != 0.0:
             continue
-        ey_hat = (0.5 - est_distance[b]) * phys.row_spacing
-        epsi_hat = math.radians(est_heading[b])
-        v = phys.cruise_speed
-        w = _turn_rate(ctrl, ey_hat, epsi_hat, v)
-        w = min(max(w, -phys.max_turn_rate), phys.max_turn_rate)
+        v, w = command(ctrl, phys, (0.5 - est_distance[b]) * phys.row_spacing, math.radians(est_heading[b]))
         st[b, OMEGA] = w
-        _advance_one(st, b, curv, keys[b], step, phys, v, w)
-        _observe_one(st, b, phys, truth)
+        advance_one(st, b, curv, keys[b], step, phys, v, w)
+        observe_one(st, b, phys, truth)
         if st[b, DONE] == 0.0:
             active += 1
     return active
@@ -170,5 +190,5 @@ def open_loop_step(v, w, st, curv, keys, step, phys, truth):
     for b in range(st.shape[0]):
         if st[b, DONE] == 0.0:
             st[b, OMEGA] = w[b]
-            _advance_one(st, b, curv, keys[b], step, phys, v[b], w[b])
-            _observe_one(st, b, phys, truth)
+            advance_one(st, b, curv, keys[b], step, phys, v[b], w[b])
+            observe_one(st, b, phys, truth)

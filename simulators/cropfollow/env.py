@@ -41,6 +41,9 @@ class CropFollowEnv(gym.Env):
             raise CropFollowParamError("render_mode", f"{render_mode!r} is not supported; use 'rgb_array' or None")
         if observation not in ("image", "truth"):
             raise CropFollowParamError("observation", f"{observation!r}: use 'image' or 'truth'")
+        if "estimator" in params or "estimator_params" in params:
+            raise CropFollowParamError("estimator", "the Gymnasium env has no state estimator: its agent reads the "
+                                       "observation and commands (v, w) itself; estimator is a CropFollowEvaluator parameter")
         self.config = SimConfig.from_params(**params)
         self.render_mode = render_mode
         self.observation = observation

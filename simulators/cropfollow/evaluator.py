@@ -19,7 +19,8 @@ import numpy as np
 from qaopt.calibrate.protocols import Application, Injector, Perception, Recording
 
 from . import dynamics as dyn
-from .config import NN_NAMES, SimConfig
+from . import estimator as state_estimation
+from .config import NN_NAMES, EstimatorParams, SimConfig
 from .control import build_control
 from .errors import CropFollowParamError, PerceptionError
 from .field import N_CURVATURE_MODES, Field
@@ -72,6 +73,8 @@ class Batch:
     """(B,) uint64 process-noise stream of each episode."""
     truth: np.ndarray
     """(2, B): heading (deg) and distance ratio the NNs should output now (rows follow ``NN_NAMES``)."""
+    ekf: np.ndarray | None = None
+    """(B, estimator.N_ESTIMATOR) state of each episode's EKF (``estimator="ekf"``), else None."""
 
     @classmethod
     def start(cls, config: SimConfig, seeds: Sequence[int]) -> Batch:
@@ -112,13 +115,29 @@ class Batch:
         return out
 
 
-def run_batch(config: SimConfig, seeds: Sequence[int], estimate: Estimator, max_steps: int | None = None) -> Batch:
-    """Run one episode per seed to ``run_length_m`` (or the time limit); return the final batch."""
+RAW_PERCEPTION = EstimatorParams()
+"""No state estimator: the controller steers from the NNs' raw estimates."""
+
+
+def run_batch(config: SimConfig, seeds: Sequence[int], estimate: Estimator, max_steps: int | None = None,
+              estimator: EstimatorParams = RAW_PERCEPTION) -> Batch:
+    """Run one episode per seed to ``run_length_m`` (or the time limit); return the final batch.
+
+    ``estimator`` says what turns the NNs' estimates into the controller's: nothing
+    (``none``) or the EKF of :mod:`.estimator` (``ekf``).
+    """
     batch = Batch.start(config, seeds)
     phys, ctrl = physics(config), build_control(config)
+    if estimator.kind == "ekf":
+        filt = state_estimation.build_filter(estimator, config)
+        batch.ekf = state_estimation.start(batch.keys, filt)
     for step in range(config.max_steps if max_steps is None else max_steps):
         heading, distance = estimate(step, batch)
-        active = dyn.closed_loop_step(heading, distance, batch.state, batch.curvature, batch.keys, step, phys, ctrl, batch.truth)
+        if batch.ekf is None:
+            active = dyn.closed_loop_step(heading, distance, batch.state, batch.curvature, batch.keys, step, phys, ctrl, batch.truth)
+        else:
+            active = state_estimation.closed_loop_step(heading, distance, batch.state, batch.curvature, batch.keys, step,
+                                                       phys, ctrl, batch.truth, batch.ekf, filt)
         if active < 0:
             nn = "heading" if active == dyn.BAD_HEADING else "distance"
             raise PerceptionError(nn, f"estimate at perception step {step} is not finite (NaN or inf); an injector or NN must return finite numbers")
@@ -143,7 +162,9 @@ class CropFollowEvaluator(Application):
     (B, 3, H, W) in [0, 1] and returns estimates (B,) or (B, 1), as torch or numpy.
 
     ``CropFollowEvaluator(run_length_m=100.0, controller="mpc", field={...}, robot={...},
-    camera={...}, controller_params={...})``; see :class:`.config.SimConfig`. Each seed is
+    camera={...}, controller_params={...}, estimator="none", estimator_params={...})``; see
+    :class:`.config.SimConfig` and :class:`.config.EstimatorParams` (``estimator="ekf"`` puts
+    an EKF with wheel odometry and a gyro between the NNs and the controller). Each seed is
     one episode: its field, start pose and process noise come from the seed alone; the
     injectors' random generator comes from the whole seed list. Results are deterministic
     for given (injectors, seeds).
@@ -152,7 +173,9 @@ class CropFollowEvaluator(Application):
     nn_names: tuple[str, ...] = NN_NAMES
 
     def __init__(self, **params: Any):
-        self.config = SimConfig.from_params(**params)
+        sim = dict(params)
+        self.estimator = EstimatorParams.from_params(sim.pop("estimator", "none"), sim.pop("estimator_params", None))
+        self.config = SimConfig.from_params(**sim)
         self.params = params
 
     def __repr__(self) -> str:
@@ -179,7 +202,7 @@ class CropFollowEvaluator(Application):
                 out.append(truth if injector is None else _as_estimate(injector(truth, rng, step), name, n))
             return out[0], out[1]
 
-        return run_batch(self.config, seeds, estimate).records(self.config)
+        return run_batch(self.config, seeds, estimate, estimator=self.estimator).records(self.config)
 
     def evaluate_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], render_threads: int = 1) -> list[dict[str, float]]:
         """Perception-in-the-loop runs: each NN in ``nns`` reads the rendered camera frames.
@@ -206,7 +229,7 @@ class CropFollowEvaluator(Application):
                 out.append(est)
             return out[0], out[1]
 
-        return run_batch(self.config, seeds, estimate).records(self.config)
+        return run_batch(self.config, seeds, estimate, estimator=self.estimator).records(self.config)
 
 
     def record_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], steps: int,
@@ -244,7 +267,7 @@ class CropFollowEvaluator(Application):
                 out.append(est)
             return out[0], out[1]
 
-        run_batch(self.config, seeds, estimate, max_steps=steps)
+        run_batch(self.config, seeds, estimate, max_steps=steps, estimator=self.estimator)
         # Episodes stay active until they end, so each drive's frames are its first kept[d] steps.
         keep = np.arange(steps)[None, :] < kept[:, None]
         images = FrameArray([frames[keep]])

@@ -63,7 +63,7 @@ def unsupported(backend: str, model: Model, why: str) -> UnsupportedModelError:
 
 def require_torch_model(model: Model, backend: str) -> None:
     if is_onnx(model):
-        raise unsupported(backend, model, "it runs torch models only; use backend 'onnxruntime' or 'tvm' for ONNX files")
+        raise unsupported(backend, model, "it runs torch models only; use backend 'onnxruntime', 'openvino' or 'tvm' for ONNX files")
     if isinstance(model, (str, Path)):
         raise unsupported(backend, model, "expected a torch.nn.Module, an ExportedProgram or an .onnx file")
 

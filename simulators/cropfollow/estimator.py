@@ -47,6 +47,7 @@ inside one compiled call per perception step over the whole batch, like the raw 
 from __future__ import annotations
 
 import math
+
 import numpy as np
 from numba import njit
 

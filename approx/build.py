@@ -28,6 +28,7 @@ from .finetune import Distiller, FinetuneRecipe, teacher_outputs
 from .knobs import Knobs
 from .ladder import Ladder
 from .passes import BuildContext, OnnxToolchain, Runnable, passes
+from .passes.finetune import tuned
 from .quantize import predict_onnx, predict_torch
 from .target import TargetNN
 
@@ -59,6 +60,7 @@ def build(
     ``progress`` receives one line per stage, for progress displays.
     """
     knobs.check(nn_.name, backend)
+    recipe = tuned(recipe, knobs)
     store = Store(cache_dir)
     key = content_hash("approx.candidate", FORMAT, nn_.fingerprint, knobs.identity(), recipe.as_dict())
     with store.lock(key):

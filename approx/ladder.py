@@ -223,5 +223,7 @@ def ladder_of(
     if knobs.ladder_step <= 0:
         raise ValueError("these knobs prune from scratch (ladder_step 0): they take no rung of a ladder")
     ladder = LadderRecipe(knobs.ladder_step, knobs.ladder_finetune_steps, knobs.importance, knobs.round_to, knobs.seed)
+    from .passes.finetune import tuned
+
     store = Store(cache_dir)
-    return Ladder(nn_, ladder, recipe, store, lambda: teacher_outputs(nn_, store, device), device=device, progress=progress)
+    return Ladder(nn_, ladder, tuned(recipe, knobs), store, lambda: teacher_outputs(nn_, store, device), device=device, progress=progress)

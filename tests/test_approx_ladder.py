@@ -102,3 +102,14 @@ def test_training_device_falls_back_with_a_notice_or_fails_when_required(monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert training_device(TrainingSpec(device="auto")) == "cuda"
     assert training_device(TrainingSpec(device="cpu")) == "cpu"
+
+
+def test_the_specs_learning_rate_and_batch_size_train_ladders_and_candidates(tiny_nn, tmp_path):
+    space = KnobSpace.from_section({"pruning": {"ladder": {"step": 0.25, "finetune_steps": 4}},
+                                    "finetune": {"lr": 1e-4, "batch_size": 8}})
+    knobs = space.base(prune_ratio=0.25)
+    assert (knobs.finetune_lr, knobs.finetune_batch_size) == (1e-4, 8)
+    assert ladder_of(tiny_nn, knobs, cache_dir=tmp_path).finetune == FinetuneRecipe(lr=1e-4, batch_size=8)
+    default = Knobs(**{**knobs.model_dump(), "finetune_lr": 0.0, "finetune_batch_size": 0})
+    assert ladder_of(tiny_nn, default, cache_dir=tmp_path).key != ladder_of(tiny_nn, knobs, cache_dir=tmp_path).key
+    assert build(tiny_nn, knobs, cache_dir=tmp_path).key != build(tiny_nn, default, cache_dir=tmp_path).key

@@ -60,7 +60,7 @@ def test_builtin_passes_in_order_with_their_knobs():
     assert [p.name for p in passes("export")] == ["quantization"]
     assert set(Knobs().model_dump()) == {"prune_ratio", "importance", "round_to", "prune_steps", "per_layer",
                                           "ladder_step", "ladder_finetune_steps", "rank_ratio", "dtype",
-                                          "finetune_steps", "seed"}
+                                          "finetune_steps", "finetune_lr", "finetune_batch_size", "seed"}
 
 
 @pytest.mark.parametrize(("knobs", "key"), [

@@ -9,19 +9,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import NonNegativeInt
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from .base import ApproximationPass, PassConfig, PassKnobs, Range, passes, register_pass, span
 
 
 class FinetuneConfig(PassConfig):
-    """``approximations.<nn>.finetune``: fine-tuning (distillation from the unpruned NN) budget range, in optimizer steps."""
+    """``approximations.<nn>.finetune``: fine-tuning (distillation from the unpruned NN) budget range, in optimizer
+    steps, and the optimizer's learning rate and batch size when the defaults do not suit the NN (a large NN that
+    a high rate knocks off its optimum, a GPU that takes larger batches); pruning ladders fine-tune with them too."""
 
     steps: Range(int, 0) = (0, 0)
+    lr: float | None = Field(None, gt=0.0, lt=1.0, description="peak learning rate (default 5e-4)")
+    batch_size: PositiveInt | None = Field(None, le=4096, description="images per step (default 16)")
 
 
 class FinetuneKnobs(PassKnobs):
     finetune_steps: NonNegativeInt = 0
+    finetune_lr: NonNegativeFloat = 0.0
+    """0: the recipe's learning rate."""
+    finetune_batch_size: NonNegativeInt = 0
+    """0: the recipe's batch size."""
+
+
+def tuned(recipe, knobs):
+    """``recipe`` with the knobs' learning rate and batch size where they set one (the recipe a candidate is built with)."""
+    from dataclasses import replace
+
+    return replace(recipe, lr=knobs.finetune_lr or recipe.lr, batch_size=knobs.finetune_batch_size or recipe.batch_size)
 
 
 @register_pass
@@ -37,9 +52,11 @@ class FinetunePass(ApproximationPass):
         lo, hi = config.steps
         if limits.max_finetune_steps is not None:
             lo, hi = min(lo, limits.max_finetune_steps), min(hi, limits.max_finetune_steps)
-        return {"finetune_steps": span(lo, hi, step=max(1, (hi - lo) // 4))}
+        return {"finetune_steps": span(lo, hi, step=max(1, (hi - lo) // 4)),
+                "finetune_lr": config.lr or 0.0, "finetune_batch_size": config.batch_size or 0}
 
     def identity(self, knobs) -> dict[str, Any]:
+        # The learning rate and batch size key a candidate through its recipe (:func:`tuned`), as the defaults do.
         return {"finetune_steps": knobs.finetune_steps}
 
     def describe(self, knobs) -> dict[str, str]:

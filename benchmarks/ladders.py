@@ -48,14 +48,23 @@ ONE_SHOT_STEPS = 2
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=Path("examples/cropfollow-resnet18.yaml"))
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=None, help="folder of ladders.json (required unless --tables)")
     ap.add_argument("--nn", nargs="+", default=None, help="NNs of the spec (default: all)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--finetune-steps", type=int, default=160, help="fine-tuning steps of each one-shot candidate")
     ap.add_argument("--latency-threads", type=int, default=0, help="time each rung on this many pinned cores (0: no)")
     ap.add_argument("--backbone", choices=["compact", "resnet18"], default=None, help="override the NNs' backbone")
     ap.add_argument("--top", type=float, default=None, help="deepest ratio to build (default: the spec's top rung)")
+    ap.add_argument("--tables", type=Path, default=None, help="only print the tables of a ladders.json written earlier")
     args = ap.parse_args()
+    if args.tables is not None:
+        report = json.loads(args.tables.read_text())
+        for name, entry in report.items():
+            if isinstance(entry, dict) and "rungs" in entry:
+                print(table(name, entry))
+        return
+    if args.out is None:
+        ap.error("--out is required")
     spec = load_spec(args.spec, check_entry_points=True)
     if args.backbone is not None:
         spec = spec.model_copy(update={"nns": {n: s.model_copy(update={"args": {**s.args, "backbone": args.backbone}})
@@ -123,7 +132,7 @@ def _latencies(report: dict, ladder_knobs: dict[str, Knobs], nns: dict, spec, ca
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:threads]))
     torch.set_num_threads(threads)
     target = kernels.Target.from_spec(spec.target.model_copy(update={"threads": threads, "backend": "onnxruntime"}))
-    report["latency"] = {"backend": "onnxruntime", "dtype": "fp32", "threads": threads, "cpu": platform.processor()}
+    report["latency"] = {"backend": "onnxruntime", "dtype": "fp32", "threads": threads, "cpu": _cpu_model()}
     for name, knobs in ladder_knobs.items():
         example = np.zeros(nns[name].input_shape, dtype=np.float32)
         entry = report[name]
@@ -134,6 +143,13 @@ def _latencies(report: dict, ladder_knobs: dict[str, Knobs], nns: dict, spec, ca
                          onnx=kernels.onnx)
             row["ms"] = untuned_latency(cand, example, target, cache)[1]
             print(f"{name} rung {row['rung']}: {row['ms']:.2f} ms")
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
 
 
 def table(name: str, entry: dict) -> str:

@@ -113,3 +113,26 @@ def test_the_specs_learning_rate_and_batch_size_train_ladders_and_candidates(tin
     default = Knobs(**{**knobs.model_dump(), "finetune_lr": 0.0, "finetune_batch_size": 0})
     assert ladder_of(tiny_nn, default, cache_dir=tmp_path).key != ladder_of(tiny_nn, knobs, cache_dir=tmp_path).key
     assert build(tiny_nn, knobs, cache_dir=tmp_path).key != build(tiny_nn, default, cache_dir=tmp_path).key
+
+
+def test_optimize_builds_the_ladders_first_and_trials_take_their_rungs(tmp_path):
+    """End to end on the tiny app: the ladders stage builds every rung, writes the run's table, and the
+    studies' pruned candidates are rungs of it (no candidate pruned from scratch)."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from qaopt import optimize
+    from qaopt.stages.ladders import LADDERS_FILE
+    from tests.test_optimize import _spec
+
+    spec = _spec(tmp_path, **{"approximations.all.pruning": {"ratio": [0.0, 0.75], "round_to": 4,
+                                                              "ladder": {"step": 0.25, "finetune_steps": 10}}})
+    result = optimize(spec, profile="quick", trials=4, console=Console(file=io.StringIO()))
+    table = json.loads((spec.parent / "runs" / LADDERS_FILE).read_text())["data"]
+    assert set(table) == {"a", "b"} and [r["ratio"] for r in table["a"]] == [0.25, 0.5, 0.75]
+    configurations = [t.configuration for s in result.studies.values() for t in s.trials if t.configuration is not None]
+    knobs = [c.knobs for config in configurations for c in config.nns.values()]
+    pruned = [k for k in knobs if k["prune_ratio"] > 0]
+    assert pruned and all(k["ladder_step"] == 0.25 and k["ladder_finetune_steps"] == 10 for k in pruned)

@@ -1,0 +1,135 @@
+"""The real result (issue "The real result"): `qaopt optimize` on the ResNet-18 spec, resumable across machines.
+
+    python benchmarks/real_result.py --spec examples/cropfollow-resnet18.yaml --out DIR
+        [--estimator ekf|none] [--profile default] [--state STATE.tar.gz] [--snapshot-every 120]
+        [--json docs/benchmarks/real_result.json]
+
+Runs ``qaopt optimize`` (the CLI, in a child process) on the spec with its estimator set to
+``--estimator``, its run folder in ``DIR/run`` and its cache in ``DIR/cache``. A GPU machine is
+lent for at most 30 minutes at a time and comes back bare, so the run is made resumable across
+machines: every ``--snapshot-every`` seconds, and when the run ends, the state a resumed run needs
+and cannot cheaply recompute is packed into ``--state`` (the Optuna study, the calibrated region,
+closed-loop evidence and validations, calibration runs, measurements: a few MB); a later call
+with the same ``--state`` unpacks it first and ``optimize`` resumes where it stopped. What is
+cheap or large is rebuilt instead: the reference NNs (~20 s each on a GPU), their data, the
+ladders' rungs (~100 s per NN) and candidates.
+
+When the run has finished, the figures the issue names go to ``--json`` (default
+``DIR/real_result.json``): the application-aware configuration's speedup over the reference and
+over the application-agnostic one, and both configurations' closed-loop validations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+STATE = {
+    "run": ("study.db", "region.json", "region.png", "closed_loop.json", "ladders.json"),
+    "cache": ("calibrate", "optimize", "kernels", "on_policy"),
+}
+"""What a resumed run needs from the run folder (files) and the cache (folders)."""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", type=Path, default=Path("examples/cropfollow-resnet18.yaml"))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--estimator", choices=["ekf", "none"], default=None, help="default: the spec's")
+    ap.add_argument("--profile", default="default")
+    ap.add_argument("--state", type=Path, default=None, help="tar.gz to resume from and keep the state in")
+    ap.add_argument("--snapshot-every", type=float, default=120.0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    out = args.out.resolve()
+    run, cache = out / "run", out / "cache"
+    run.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    if args.state is not None and args.state.exists():
+        with tarfile.open(args.state) as tar:
+            tar.extractall(out, filter="data")
+        print(f"resumed from {args.state}")
+    spec = _spec_for(args.spec.resolve(), args.estimator, out)
+    env = {**os.environ, "QAOPT_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+    # The CLI's entry function: a wheel installed with --target (as on the GPU machine) has no console script.
+    command = [sys.executable, "-c", "import sys; from qaopt.cli import main; sys.argv[0] = 'qaopt'; main()", "optimize", str(spec), "--profile", args.profile, "--out", str(run),
+               "--quiet"]
+    print(" ".join(command), flush=True)
+    child = subprocess.Popen(command, env=env)
+    stop = threading.Event()
+    if args.state is not None:
+        threading.Thread(target=_snapshots, args=(out, args.state, args.snapshot_every, stop), daemon=True).start()
+    code = child.wait()
+    stop.set()
+    if args.state is not None:
+        _snapshot(out, args.state)
+    if code != 0:
+        raise SystemExit(f"qaopt optimize exited with {code}")
+    figures = real_result(json.loads((run / "result.json").read_text()), yaml.safe_load(spec.read_text()))
+    target = args.json or out / "real_result.json"
+    target.write_text(json.dumps(figures, indent=1) + "\n")
+    print(json.dumps(figures, indent=1))
+
+
+def _spec_for(spec: Path, estimator: str | None, out: Path) -> Path:
+    """The spec with the estimator asked for, written into the run's folder (its entry points are module paths)."""
+    data = yaml.safe_load(spec.read_text())
+    if estimator is not None:
+        data["evaluator"]["simulator"]["params"]["estimator"] = estimator
+    derived = out / f"{spec.stem}-{estimator or 'as-given'}.yaml"
+    derived.write_text(yaml.safe_dump(data, sort_keys=False))
+    return derived
+
+
+def _snapshots(out: Path, state: Path, every: float, stop: threading.Event) -> None:
+    while not stop.wait(every):
+        _snapshot(out, state)
+
+
+def _snapshot(out: Path, state: Path) -> None:
+    """Pack the resumable state (written to a temporary name, then renamed: a kill never leaves half an archive)."""
+    tmp = state.with_name(state.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for name in STATE["run"]:
+            if (out / "run" / name).exists():
+                tar.add(out / "run" / name, arcname=f"run/{name}")
+        for name in STATE["cache"]:
+            if (out / "cache" / name).exists():
+                tar.add(out / "cache" / name, arcname=f"cache/{name}")
+    os.replace(tmp, state)
+    print(f"{time.strftime('%H:%M:%S')} state saved to {state} ({state.stat().st_size / 2**20:.1f} MiB)", flush=True)
+
+
+def real_result(result: dict, spec: dict) -> dict:
+    """The issue's figures from a finished run's ``result.json`` data."""
+    aware, speedups = result.get("aware"), result["speedups"]
+    chosen = next((v for v in result["validations"] if aware is not None and v["trial"] == aware.get("trial")), None)
+    agnostic_validation = result.get("agnostic_validation")
+    params = spec["evaluator"]["simulator"].get("params", {})
+    return {
+        "aware_over_agnostic": speedups.get("aware_over_agnostic"),
+        "aware_speedup": speedups.get("aware"),
+        "agnostic_speedup": speedups.get("agnostic"),
+        "intervals": speedups.get("intervals", {}),
+        "validation_runs": chosen["runs"] if chosen else 0,
+        "collision_free_runs": chosen["passes"] if chosen else 0,
+        "agnostic_validation": {"runs": agnostic_validation["runs"] if agnostic_validation else 0,
+                                "collision_free_runs": agnostic_validation["passes"] if agnostic_validation else 0},
+        "backbone": sorted({nn["args"].get("backbone") for nn in spec["nns"].values()}),
+        "target": {k: spec.get("target", {}).get(k) for k in ("device", "backend", "threads")},
+        "estimator": params.get("estimator", "none"),
+        "seconds": result.get("seconds"),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -118,8 +118,7 @@ RUN_CHUNK = 1
 """Closed-loop runs per task. The acceptance test decides a block of ``min_trials`` runs at a time, but a
 block of 8 on 16 workers would leave half of them idle: each block is split into tasks of this many
 runs, the same split whatever the number of workers, so runs and verdicts do not depend on it. One run
-per task costs no more CPU than a batch (CropFollow, compact NNs: 40.7 s for 8 single runs, 48.3 s for
-one batch of 8, one core)."""
+per task costs no more CPU than a batch of them (``benchmarks/validation_chunking.py``)."""
 
 
 def _blocks(

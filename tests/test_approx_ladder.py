@@ -136,3 +136,30 @@ def test_optimize_builds_the_ladders_first_and_trials_take_their_rungs(tmp_path)
     knobs = [c.knobs for config in configurations for c in config.nns.values()]
     pruned = [k for k in knobs if k["prune_ratio"] > 0]
     assert pruned and all(k["ladder_step"] == 0.25 and k["ladder_finetune_steps"] == 10 for k in pruned)
+
+
+def test_the_ladder_command_tabulates_every_rung_and_names_a_missing_ladder(tmp_path, monkeypatch):
+    import re
+    import textwrap
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from qaopt.cli import app
+    from tests.test_approx_cli import SPEC
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "220")
+    spec = tmp_path / "app.yaml"
+    laddered = SPEC.replace("steps: 1, per_layer: {PER_LAYER}", "ladder: {step: 0.25, finetune_steps: 5}")
+    spec.write_text(textwrap.dedent(laddered))
+    result = CliRunner().invoke(app, ["approx", "ladder", str(spec), "--nn", "heading", "--no-latency", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if re.match(r"^│\s+0\.(0|25|5)\s+│", line)]
+    assert len(rows) == 3, result.output  # the reference and rungs 0.25 and 0.5
+    bad = CliRunner().invoke(app, ["approx", "ladder", str(spec), "--nn", "heading", "--device", "tpu"])
+    assert bad.exit_code != 0 and "--device tpu: use one of auto, cpu, cuda" in f"{bad.output}{bad.exception}"
+    spec.write_text(textwrap.dedent(SPEC.replace("{PER_LAYER}", "{}")))
+    missing = CliRunner().invoke(app, ["approx", "ladder", str(spec), "--nn", "heading"])
+    assert missing.exit_code != 0 and "pruning has no ladder section" in f"{missing.output}{missing.exception}"

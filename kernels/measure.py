@@ -362,19 +362,23 @@ def measure_callable(
     cuda_peak: Callable[[], tuple[Callable[[], None], Callable[[], int]]] | None = None,
     extra: dict[str, Any] | None = None,
     probe: InterferenceProbe | None = None,
+    cores: Sequence[int] | None = None,
 ) -> Measurement:
     """Time ``call`` (one inference on prepared inputs) under the protocol above.
 
     ``sync`` waits for asynchronous work (CUDA); ``cuda_peak`` returns (reset,
     read) of the device allocator's peak, used instead of the resident set;
     ``probe`` watches for interference (default on CPU: :class:`CpuLoadProbe` of
-    the measured cores). Any exception from ``call`` becomes a
+    the measured cores); ``cores`` are the cores to pin to (default on CPU:
+    :func:`measurement_cores` of ``threads``; several models side by side need
+    the cores of all of them). Any exception from ``call`` becomes a
     :class:`MeasurementError` naming the backend.
     """
     sync = sync or (lambda: None)
     meter, note = energy_meter(device)
     resident = ResidentPeak()
-    cores = measurement_cores(threads) if device == "cpu" else ()
+    if cores is None:
+        cores = measurement_cores(threads) if device == "cpu" else ()
     if probe is None and cores:
         probe = CpuLoadProbe(cores)
     try:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from .compiler import compile
 from .errors import KernelsError
-from .measure import Measurement, Protocol, measure_callable
+from .measure import Measurement, Protocol, measure_callable, measurement_cores
 from .model import Model, is_onnx
 from .registry import BackendRef, get_backend
 from .target import Target, TuningBudget
@@ -134,7 +134,9 @@ def measure_concurrent(compiled: Sequence[Any], target: Target, protocol: Protoc
     with pool, torch_threads(target.threads):
         return measure_callable(frame, backend=" | ".join(c.backend for c in compiled), device=target.device,
                                 device_key=target.device_key, threads=target.threads,
-                                param_bytes=sum(getattr(c, "param_bytes", 0) for c in compiled), protocol=protocol)
+                                param_bytes=sum(getattr(c, "param_bytes", 0) for c in compiled), protocol=protocol,
+                                cores=measurement_cores(target.threads * len(compiled) if target.threads else None)
+                                if target.device == "cpu" else None)
 
 
 def untuned_backend(workload: Workload, target: Target) -> BackendRef:

@@ -59,11 +59,11 @@ def test_device_lock_serializes_measurements_across_processes(monkeypatch, tmp_p
     try:
         assert holder.stdout.readline().strip() == "held"
         start = time.perf_counter()
-        _measure(lambda: None, key="cpu-x", protocol=Protocol(warmup=0, repeats=1, min_sample_ms=0.1))
+        _measure(lambda: None, key="cpu-x", protocol=Protocol(warmup=0, repeats=1, min_sample_ms=0.1, retries=0))
         waited = time.perf_counter() - start
         assert waited > 0.8, "measured while another process held the device"
         start = time.perf_counter()
-        _measure(lambda: None, key="cpu-y", protocol=Protocol(warmup=0, repeats=1, min_sample_ms=0.1))
+        _measure(lambda: None, key="cpu-y", protocol=Protocol(warmup=0, repeats=1, min_sample_ms=0.1, retries=0))
         assert time.perf_counter() - start < 0.5, "another device must not wait"
     finally:
         holder.wait(timeout=10)

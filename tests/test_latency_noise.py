@@ -87,3 +87,49 @@ def test_the_cpu_probe_reads_this_machine():
 def test_the_median_interval_is_the_order_statistics_one():
     assert median_interval(list(range(1, 16))) == (4.0, 12.0)  # 96.5 % coverage with 15 samples
     assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few samples for 95 %: min and max
+
+
+def test_pinning_moves_every_thread_of_the_process_and_restores_it():
+    import os
+    import threading
+
+    from qaopt.kernels import pinned
+    from qaopt.kernels.measure import _threads
+
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)  # stands for a runtime's pool thread
+    worker.start()
+    try:
+        before = {tid: os.sched_getaffinity(tid) for tid in _threads()}
+        first = min(os.sched_getaffinity(0))
+        with pinned((first,)):
+            assert all(os.sched_getaffinity(tid) == {first} for tid in before)
+        assert {tid: os.sched_getaffinity(tid) for tid in before} == before
+    finally:
+        release.set()
+        worker.join()
+
+
+def test_models_side_by_side_are_pinned_to_the_cores_of_all_of_them(monkeypatch):
+    import contextlib
+    import os
+
+    import numpy as np
+    import torch
+
+    from qaopt import kernels
+    from qaopt.kernels import measure
+
+    seen = []
+
+    @contextlib.contextmanager
+    def record(cores):
+        seen.append(tuple(cores))
+        yield
+
+    monkeypatch.setattr(measure, "pinned", record)
+    x = np.zeros((1, 4), np.float32)
+    compiled = [kernels.compile(torch.nn.Linear(4, 2).eval(), [x], kernels.Target(threads=1, backend="torch"))
+                for _ in range(2)]
+    kernels.measure_concurrent(compiled, kernels.Target(threads=1), FAST)
+    assert seen == [tuple(sorted(os.sched_getaffinity(0))[:2])]

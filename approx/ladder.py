@@ -72,6 +72,11 @@ class LadderRecipe:
         if not 0.0 < self.step < 1.0:
             raise ValueError(f"ladder step must be in (0, 1), got {self.step}")
 
+    @classmethod
+    def of(cls, knobs) -> LadderRecipe:
+        """The recipe of the ladder a :class:`~qaopt.approx.Knobs` on one takes its rung from."""
+        return cls(knobs.ladder_step, knobs.ladder_finetune_steps, knobs.importance, knobs.round_to, knobs.seed)
+
     def rung_of(self, ratio: float) -> int:
         """The rung that prunes ``ratio`` of the channels; the ratio must lie on the ladder's grid."""
         k = round(ratio / self.step)
@@ -149,8 +154,8 @@ class Ladder:
         top = max((j for j in range(k - 1, 0, -1) if self.stored(j) is not None), default=0)
         model = self.model_at(top)
         widths = channel_counts(self.nn.model)
-        heads = output_heads(self.nn.model, self.nn.example_input)
-        heads = {name for name, m in self.nn.model.named_modules() if any(m is h for h in heads)}
+        head_modules = output_heads(self.nn.model, self.nn.example_input)
+        heads = {name for name, m in self.nn.model.named_modules() if any(m is h for h in head_modules)}
         steps_above = 0 if top == 0 else self.stored(top).train_steps
         for j in range(top + 1, k + 1):
             started = time.perf_counter()
@@ -222,8 +227,7 @@ def ladder_of(
     """
     if knobs.ladder_step <= 0:
         raise ValueError("these knobs prune from scratch (ladder_step 0): they take no rung of a ladder")
-    ladder = LadderRecipe(knobs.ladder_step, knobs.ladder_finetune_steps, knobs.importance, knobs.round_to, knobs.seed)
     from .passes.finetune import tuned
 
     store = Store(cache_dir)
-    return Ladder(nn_, ladder, tuned(recipe, knobs), store, lambda: teacher_outputs(nn_, store, device), device=device, progress=progress)
+    return Ladder(nn_, LadderRecipe.of(knobs), tuned(recipe, knobs), store, lambda: teacher_outputs(nn_, store, device), device=device, progress=progress)

@@ -7,6 +7,7 @@ nothing damaged, the whole budget fine-tunes the NN at the end.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
@@ -34,8 +35,6 @@ class FinetuneKnobs(PassKnobs):
 
 def tuned(recipe, knobs):
     """``recipe`` with the knobs' learning rate and batch size where they set one (the recipe a candidate is built with)."""
-    from dataclasses import replace
-
     return replace(recipe, lr=knobs.finetune_lr or recipe.lr, batch_size=knobs.finetune_batch_size or recipe.batch_size)
 
 

@@ -149,8 +149,7 @@ class PruningPass(ApproximationPass):
         if on_ladder(knobs):
             from ..ladder import LadderRecipe
 
-            recipe = LadderRecipe(knobs.ladder_step, knobs.ladder_finetune_steps, knobs.importance, knobs.round_to,
-                                  knobs.seed)
+            recipe = LadderRecipe.of(knobs)
             ctx.progress(f"taking rung {recipe.rung_of(knobs.prune_ratio)} of the pruning ladder")
             return ctx.ladder(recipe).model(recipe.rung_of(knobs.prune_ratio))
         from ..pruning import prune

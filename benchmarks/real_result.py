@@ -1,11 +1,14 @@
 """The real result (issue "The real result"): `qaopt optimize` on the ResNet-18 spec, resumable across machines.
 
     python benchmarks/real_result.py --spec examples/cropfollow-resnet18.yaml --out DIR
-        [--estimator ekf|none] [--profile default] [--state STATE.tar.gz] [--snapshot-every 120]
-        [--json docs/benchmarks/real_result.json]
+        [--estimator ekf|none] [--profile default] [--cache CACHE] [--state STATE.tar.gz]
+        [--snapshot-every 120] [--json docs/benchmarks/real_result.json]
 
 Runs ``qaopt optimize`` (the CLI, in a child process) on the spec with its estimator set to
-``--estimator``, its run folder in ``DIR/run`` and its cache in ``DIR/cache``. A GPU machine is
+``--estimator``, its run folder in ``DIR/run`` and its cache in ``--cache`` (default ``DIR/cache``).
+Two runs that differ only in the estimator can share one cache, started side by side: the
+reference NNs, the ladders and every candidate's measurement are the same for both, so they are
+built and measured once. A GPU machine is
 lent for at most 30 minutes at a time and comes back bare, so the run is made resumable across
 machines: every ``--snapshot-every`` seconds, and when the run ends, the state a resumed run needs
 and cannot cheaply recompute is packed into ``--state`` (the Optuna study, the calibrated region,
@@ -46,17 +49,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--estimator", choices=["ekf", "none"], default=None, help="default: the spec's")
     ap.add_argument("--profile", default="default")
+    ap.add_argument("--cache", type=Path, default=None, help="cache folder (default: OUT/cache); runs may share one")
     ap.add_argument("--state", type=Path, default=None, help="tar.gz to resume from and keep the state in")
     ap.add_argument("--snapshot-every", type=float, default=120.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     out = args.out.resolve()
-    run, cache = out / "run", out / "cache"
+    run, cache = out / "run", (args.cache or out / "cache").resolve()
     run.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     if args.state is not None and args.state.exists():
-        with tarfile.open(args.state) as tar:
-            tar.extractall(out, filter="data")
+        _restore(args.state, run, cache)
         print(f"resumed from {args.state}")
     spec = _spec_for(args.spec.resolve(), args.estimator, out)
     env = {**os.environ, "QAOPT_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
@@ -67,11 +70,11 @@ def main() -> None:
     child = subprocess.Popen(command, env=env)
     stop = threading.Event()
     if args.state is not None:
-        threading.Thread(target=_snapshots, args=(out, args.state, args.snapshot_every, stop), daemon=True).start()
+        threading.Thread(target=_snapshots, args=(run, cache, args.state, args.snapshot_every, stop), daemon=True).start()
     code = child.wait()
     stop.set()
     if args.state is not None:
-        _snapshot(out, args.state)
+        _snapshot(run, cache, args.state)
     if code != 0:
         raise SystemExit(f"qaopt optimize exited with {code}")
     figures = real_result(json.loads((run / "result.json").read_text()), yaml.safe_load(spec.read_text()))
@@ -90,23 +93,32 @@ def _spec_for(spec: Path, estimator: str | None, out: Path) -> Path:
     return derived
 
 
-def _snapshots(out: Path, state: Path, every: float, stop: threading.Event) -> None:
+def _snapshots(run: Path, cache: Path, state: Path, every: float, stop: threading.Event) -> None:
     while not stop.wait(every):
-        _snapshot(out, state)
+        _snapshot(run, cache, state)
 
 
-def _snapshot(out: Path, state: Path) -> None:
+def _snapshot(run: Path, cache: Path, state: Path) -> None:
     """Pack the resumable state (written to a temporary name, then renamed: a kill never leaves half an archive)."""
     tmp = state.with_name(state.name + ".tmp")
     with tarfile.open(tmp, "w:gz") as tar:
-        for name in STATE["run"]:
-            if (out / "run" / name).exists():
-                tar.add(out / "run" / name, arcname=f"run/{name}")
-        for name in STATE["cache"]:
-            if (out / "cache" / name).exists():
-                tar.add(out / "cache" / name, arcname=f"cache/{name}")
+        for folder, names in (("run", STATE["run"]), ("cache", STATE["cache"])):
+            root = run if folder == "run" else cache
+            for name in names:
+                if (root / name).exists():
+                    tar.add(root / name, arcname=f"{folder}/{name}")
     os.replace(tmp, state)
     print(f"{time.strftime('%H:%M:%S')} state saved to {state} ({state.stat().st_size / 2**20:.1f} MiB)", flush=True)
+
+
+def _restore(state: Path, run: Path, cache: Path) -> None:
+    """Unpack a snapshot: its ``run/`` part into the run folder, its ``cache/`` part into the cache."""
+    with tarfile.open(state) as tar:
+        for member in tar.getmembers():
+            folder, _, rest = member.name.partition("/")
+            if folder in STATE and rest:
+                member.name = rest
+                tar.extract(member, run if folder == "run" else cache, filter="data")
 
 
 def real_result(result: dict, spec: dict) -> dict:

@@ -68,8 +68,8 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_workers() -> int:
-    """The local pool's size: ``$QAOPT_WORKERS``, else this process's cores."""
+def default_workers(reserved: int = 0) -> int:
+    """The local pool's size: ``$QAOPT_WORKERS``, else this process's cores less the ``reserved`` ones."""
     text = os.environ.get(WORKERS_ENV, "").strip()
     if text:
         try:
@@ -79,7 +79,30 @@ def default_workers() -> int:
         if n < 1:
             raise ExecutorError(f"${WORKERS_ENV}={text!r}: give a whole number of workers, at least 1")
         return n
-    return machine_cores()
+    return max(1, machine_cores() - reserved)
+
+
+RESERVE_FACTOR = 4
+"""Measurement cores are kept free of pool workers only on machines with at least this many times as many cores."""
+
+
+def reserved_cores(spec: AppSpec | None) -> tuple[int, ...]:
+    """The cores a measurement on ``spec``'s target runs on, kept free of this machine's pool workers.
+
+    A local CPU target with ``threads`` is measured pinned to the first ``threads`` cores
+    (:func:`qaopt.kernels.measure.measurement_cores`). On a machine with many more cores
+    (a 16-core workstation measuring a 2-thread robot), workers kept off those cores let a
+    measurement run beside simulator runs, of this process or another, without the
+    interference that makes it untrusted. On a small machine reserving them would idle a large
+    share of it between measurements, so nothing is reserved and the device lock alone keeps
+    new runs from starting while a measurement holds it.
+    """
+    if spec is None or spec.target.device != "cpu" or not spec.target.threads:
+        return ()
+    from qaopt.kernels.measure import measurement_cores
+
+    cores = measurement_cores(spec.target.threads)
+    return cores if machine_cores() >= RESERVE_FACTOR * len(cores) else ()
 
 
 # --------------------------------------------------------------------------- the device lock
@@ -100,30 +123,41 @@ class Gated:
         return self.fn(*args, **kwargs)
 
 
-def _init_worker() -> None:
-    """One thread per worker for torch, OpenMP and numba: the pool's processes are the parallelism."""
+def _init_worker(cores: tuple[int, ...] = ()) -> None:
+    """One thread per worker for torch, OpenMP and numba: the pool's processes are the parallelism.
+
+    With ``cores``, the worker (and every thread it starts) runs only on them.
+    """
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ.setdefault(var, "1")
+    if cores:
+        os.sched_setaffinity(0, cores)
 
 
 # --------------------------------------------------------------------------- local pool
 
 
 class LocalPool(Executor):
-    """A process pool on this machine whose tasks survive a worker's death (``retries`` times each)."""
+    """A process pool on this machine whose tasks survive a worker's death (``retries`` times each).
 
-    def __init__(self, workers: int, device_key: str | None = None, retries: int = 2):
+    ``reserved`` cores (:func:`reserved_cores`) are kept free of its workers.
+    """
+
+    def __init__(self, workers: int, device_key: str | None = None, retries: int = 2, reserved: Sequence[int] = ()):
         if workers < 1:
             raise ExecutorError(f"--workers {workers}: give at least 1")
         self.workers, self.device_key, self.retries = workers, device_key, retries
-        self.where = f"local pool of {workers} worker(s)"
+        allowed = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+        self.cores = tuple(sorted(allowed - set(reserved))) if reserved and allowed - set(reserved) else ()
+        self.where = f"local pool of {workers} worker(s)" + (
+            f", off core(s) {', '.join(map(str, sorted(reserved)))} (kept for measurement)" if self.cores else "")
         self._lock = threading.Lock()
         self._pool = self._new_pool()
         self._closed = False
 
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init_worker)
+                                   initializer=_init_worker, initargs=(self.cores,))
 
     def _renew(self, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
         """A working pool in place of ``broken`` (once, whichever task noticed first)."""
@@ -270,7 +304,8 @@ def open_executor(
     caps the runs in flight on it. Without a cluster, a local pool of ``workers`` processes
     (default :func:`default_workers`); one worker runs in this process, as before pools existed.
     Every task waits for the device lock ``device_key`` (default: the spec's target's,
-    :func:`lock_key`) before it starts.
+    :func:`lock_key`) before it starts. On a machine with many cores, the local pool's workers
+    keep off the cores the spec's target is measured on (:func:`reserved_cores`).
     """
     address = cluster or (getattr(spec.output, "cluster", None) if spec is not None else None)
     if device_key is None and spec is not None:
@@ -280,11 +315,12 @@ def open_executor(
     if address:
         ex: Executor = ClusterExecutor(address, spec=spec, device_key=device_key, workers=workers)
     else:
-        n = workers if workers is not None else default_workers()
+        reserved = reserved_cores(spec)
+        n = workers if workers is not None else default_workers(len(reserved))
         if n == 1:
             yield None
             return
-        ex = LocalPool(n, device_key=device_key)
+        ex = LocalPool(n, device_key=device_key, reserved=reserved)
     try:
         yield ex
     finally:

@@ -23,7 +23,8 @@ from qaopt.app_spec import load
 from qaopt.calibrate import AcceptanceTest, Axis, Calibration, ErrorSpace, Gaussian, QoSGoal
 from qaopt.calibrate.synthetic import SuperellipseApp
 from qaopt.closed_loop import validate_closed_loop
-from qaopt.executor import ClusterExecutor, ExecutorError, LocalPool, open_executor
+from qaopt import executor as executor_module
+from qaopt.executor import ClusterExecutor, ExecutorError, LocalPool, open_executor, reserved_cores
 
 APPS = Path(__file__).resolve().parent / "apps"
 sys.path.insert(0, str(APPS))
@@ -93,6 +94,28 @@ def test_local_pool_runs_a_killed_workers_task_again(tmp_path):
         futures = [pool.submit(killed_once, str(tmp_path / "marker"), 7)] + [
             pool.submit(pow, 2, i) for i in range(6)]
         assert [f.result(timeout=60) for f in futures] == [7, 1, 2, 4, 8, 16, 32]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_local_pool_workers_keep_off_the_reserved_cores():
+    first, *rest = sorted(os.sched_getaffinity(0))
+    with LocalPool(2, reserved=(first,)) as pool:
+        seen = {c for f in [pool.submit(os.sched_getaffinity, 0) for _ in range(4)] for c in f.result(timeout=60)}
+    assert seen == set(rest)
+    assert "kept for measurement" in pool.where
+
+
+def test_measurement_cores_are_reserved_only_on_a_machine_with_many_more(monkeypatch):
+    spec = load(APPS / "tiny.yaml")
+    measured = spec.model_copy(update={"target": spec.target.model_copy(update={"device": "cpu", "threads": 1})})
+    first = min(os.sched_getaffinity(0))
+    monkeypatch.setattr(executor_module, "machine_cores", lambda: 16)
+    monkeypatch.delenv("QAOPT_WORKERS", raising=False)
+    assert reserved_cores(measured) == (first,)
+    assert reserved_cores(measured.model_copy(update={"target": measured.target.model_copy(update={"threads": None})})) == ()
+    assert executor_module.default_workers(1) == 15
+    monkeypatch.setattr(executor_module, "machine_cores", lambda: 2)
+    assert reserved_cores(measured) == ()
 
 
 def _validation_spec():

@@ -15,8 +15,9 @@ loop, under one :class:`.measure.Protocol`.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 from .compiler import compile
 from .errors import KernelsError
-from .measure import Measurement, Protocol, measure_callable, measurement_cores
+from .measure import Measurement, Protocol, measure_callable, measure_interleaved, measurement_cores
 from .model import Model, is_onnx
 from .registry import BackendRef, get_backend
 from .target import Target, TuningBudget
@@ -107,13 +108,28 @@ def measure_frame(workloads: Mapping[str, Workload], schedule: Schedule, target:
                   cache_dir: str | Path | None = None, incumbent_ms: float | None = None,
                   protocol: Protocol = Protocol()) -> FrameMeasurement:
     """Compile every model for ``schedule`` (its share of the threads) and measure the frame."""
+    model_target = frame_target(target, schedule, len(workloads))
+    compiled = {name: compile(w.model, w.example_inputs, model_target, cache_dir=cache_dir, incumbent_ms=incumbent_ms,
+                              runnable_on=w.runnable_on) for name, w in workloads.items()}
+    return _measured_frame(compiled, schedule, model_target, protocol)
+
+
+def frame_target(target: Target, schedule: Schedule, n_models: int) -> Target:
+    """The target each model of a frame is compiled for: all the threads (sequential) or its share (parallel)."""
     if schedule not in SCHEDULES:
         raise KernelsError(f"schedule: '{schedule}' is not one of {', '.join(SCHEDULES)}")
     threads = threads_of(target)
-    share = max(1, threads // len(workloads)) if schedule == "parallel" else threads
-    model_target = replace(target, threads=share)
-    models = {name: measure_model(w, model_target, cache_dir=cache_dir, incumbent_ms=incumbent_ms, protocol=protocol)
-              for name, w in workloads.items()}
+    return replace(target, threads=max(1, threads // n_models) if schedule == "parallel" else threads)
+
+
+def _measured_frame(compiled: Mapping[str, Any], schedule: Schedule, model_target: Target,
+             protocol: Protocol = Protocol()) -> FrameMeasurement:
+    """Measure models already compiled for ``model_target`` (:func:`frame_target`) as one frame, now.
+
+    Each model is measured alone (its figures and memory); a parallel frame is then
+    measured with them running at once.
+    """
+    models = {name: MeasuredModel(c, c.measure(protocol)) for name, c in compiled.items()}
     if schedule == "sequential":
         parts = tuple(m.measurement for m in models.values())
     else:
@@ -124,19 +140,55 @@ def measure_frame(workloads: Mapping[str, Workload], schedule: Schedule, target:
 
 def measure_concurrent(compiled: Sequence[Any], target: Target, protocol: Protocol = Protocol()) -> Measurement:
     """One frame with all models started together, each on ``target.threads`` threads, timed by the protocol."""
-    pool = ThreadPoolExecutor(len(compiled))
-
-    def frame() -> None:
-        for future in [pool.submit(c.run) for c in compiled]:
-            future.result()
-
-    # torch's pool is process-wide: it is set to one model's share while they run side by side.
-    with pool, torch_threads(target.threads):
+    with _frame_call(compiled, "parallel", target.threads) as frame:
         return measure_callable(frame, backend=" | ".join(c.backend for c in compiled), device=target.device,
                                 device_key=target.device_key, threads=target.threads,
                                 param_bytes=sum(getattr(c, "param_bytes", 0) for c in compiled), protocol=protocol,
                                 cores=measurement_cores(target.threads * len(compiled) if target.threads else None)
                                 if target.device == "cpu" else None)
+
+
+COMPARISON = Protocol(warmup=2, repeats=10)
+"""Each round's protocol in :func:`compare_frames` (three rounds pool 30 samples per frame)."""
+
+
+def compare_frames(frames: Mapping[str, tuple[Mapping[str, Any], Schedule]], target: Target, *, rounds: int = 3,
+                   protocol: Protocol = COMPARISON) -> dict[str, Measurement]:
+    """Frames of models already compiled (:func:`frame_target`) timed side by side, in interleaved rounds.
+
+    A speedup is a ratio of two frames' latencies; measured minutes or machines apart, it
+    carries whatever changed in between. Here every frame is timed in this process, round
+    after round, so each sees the same machine and the same load
+    (:func:`.measure.measure_interleaved`), pinned to the target's cores.
+    """
+    threads = threads_of(target)
+    with contextlib.ExitStack() as stack:
+        calls = {name: stack.enter_context(_frame_call(list(models.values()), schedule,
+                                                       max(1, threads // len(models)) if schedule == "parallel" else threads))
+                 for name, (models, schedule) in frames.items()}
+        return measure_interleaved(calls, rounds=rounds, protocol=protocol, device=target.device,
+                                   device_key=target.device_key, threads=threads if target.device == "cpu" else None)
+
+
+@contextlib.contextmanager
+def _frame_call(compiled: Sequence[Any], schedule: Schedule, share: int | None) -> Iterator[Callable[[], None]]:
+    """One frame of compiled models as a callable: one after another, or started together on a thread pool.
+
+    Each torch model sets torch's process-wide pool to its own threads when it runs; side by
+    side, the pool is set to the models' ``share`` for the whole frame, so that two models
+    starting together do not resize it under each other.
+    """
+    if schedule == "sequential":
+        def frame() -> None:
+            for c in compiled:
+                c.run()
+        yield frame
+        return
+    with ThreadPoolExecutor(len(compiled)) as pool, torch_threads(share):
+        def frame() -> None:
+            for future in [pool.submit(c.run) for c in compiled]:
+                future.result()
+        yield frame
 
 
 def untuned_backend(workload: Workload, target: Target) -> BackendRef:

@@ -36,6 +36,7 @@ from qaopt.spec import check_spec, load_spec
 from qaopt.spec_adapter import cache_dir_of
 from qaopt.stages import StageClock
 from qaopt.stages.checks import ClosedLoopChecks
+from qaopt.stages.comparison import side_by_side
 from qaopt.stages.export import export_configuration
 from qaopt.stages.ladders import build_ladders, ladder_tops
 from qaopt.stages.region import (
@@ -151,7 +152,6 @@ def _optimize(
             else:
                 study = run_study(ctx, mode, study_storage, n_trials, on_trial=on_trial)
             studies[mode] = summarize(study, spec.search.objectives)
-    reference = _as_measured(studies["aware"], reference)
 
     with clock.stage("closed-loop validation", total=prof.validation_runs) as bar:
         run = dict(executor=executor, bar=bar, say=clock.console.log)
@@ -164,8 +164,11 @@ def _optimize(
         # (free when the aware study validated the same NNs).
         agnostic_validation = validate_configuration(ctx, agnostic, **run) if agnostic is not None else None
 
+    with clock.stage("side-by-side measurement"):
+        measured = side_by_side(ctx, {"reference": reference, "aware": front.chosen, "agnostic": agnostic})
+        reference, aware, agnostic = measured["reference"], measured["aware"], measured["agnostic"]
+
     with clock.stage("artifacts and report"):
-        aware = front.chosen
         # The report's region.png: the region searched in, with this run's closed-loop evidence and both configurations.
         fold(calibrated, front.evidence.of(application_key(spec))).plot(
             run_dir / REGION_PLOT, reference=reference.errors, chosen=aware.errors if aware is not None else None)
@@ -261,16 +264,3 @@ def _reference(ctx: SearchContext, calibrated: ErrorRegion, run_dir: Path) -> Co
     return Configuration(nns={n: m.choice for n, m in frame.nns.items()}, schedule="sequential",
                          latency_ms=frame.latency_ms, memory_bytes=frame.memory_bytes, errors=point, in_region=True,
                          latency=frame.latency)
-
-
-def _as_measured(study: StudySummary, reference: Configuration) -> Configuration:
-    """The study's own measurement of the reference configuration, if it holds one.
-
-    Speedups compare measurements of one epoch: the reference as the studies measured it
-    (their enqueued first trial), not a re-measurement in a later, differently loaded process.
-    """
-    keys = {n: c.candidate for n, c in reference.nns.items()}
-    for config in study.feasible_configurations():
-        if config.schedule == reference.schedule and {n: c.candidate for n, c in config.nns.items()} == keys:
-            return config.model_copy(update={"trial": None})
-    return reference

@@ -83,3 +83,21 @@ def test_interleaved_rounds_pool_their_samples(monkeypatch, tmp_path):
                                       protocol=Protocol(warmup=1, repeats=2, min_sample_ms=0.5))
     assert set(out) == {"sum", "noop"} and all(len(m.samples_ms) == 6 for m in out.values())
     assert out["noop"].median_ms <= out["sum"].median_ms
+
+
+def test_compare_frames_times_compiled_frames_side_by_side(workloads, monkeypatch, tmp_path):
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    target = Target(backend="torch", threads=2)
+    frames = {}
+    for schedule in kernels.SCHEDULES:
+        model_target = kernels.frame_target(target, schedule, len(workloads))
+        assert model_target.threads == (1 if schedule == "parallel" else 2)
+        frames[schedule] = ({n: kernels.compile(w.model, w.example_inputs, model_target) for n, w in workloads.items()},
+                            schedule)
+    frames["one model"] = ({"a": frames["sequential"][0]["a"]}, "sequential")
+    out = kernels.compare_frames(frames, target, rounds=2, protocol=QUICK)
+    assert set(out) == set(frames) and all(len(m.samples_ms) == 2 * QUICK.repeats for m in out.values())
+    assert len({m.epoch for m in out.values()}) == 1
+    assert out["one model"].median_ms < out["sequential"].median_ms
+    with pytest.raises(kernels.KernelsError, match="schedule: 'zigzag'"):
+        kernels.frame_target(target, "zigzag", 2)

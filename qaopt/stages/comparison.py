@@ -1,0 +1,55 @@
+"""The comparison stage: the reference, application-aware and agnostic configurations timed side by side.
+
+A study measures a configuration when a trial first samples it, so the three figures a
+run reports may have been taken minutes apart under different load, or, in a run resumed
+on another machine, on different hardware. A ratio of such figures carries whatever changed
+in between, and :class:`qaopt.result.SpeedupInterval` calls measurements of different
+processes "not comparable". So before the report, the three are compiled again on the
+backends their measurements chose and timed in interleaved rounds in this process
+(:func:`qaopt.kernels.compare_frames`); the latencies and speedups in ``result.json`` are
+these. Nothing is cached: the stage costs seconds, and a figure read back from an earlier
+process would defeat it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from qaopt import kernels
+from qaopt.measuring import compile_choice, latency_of
+from qaopt.result import Configuration
+from qaopt.search import SearchContext
+
+ROUNDS = 3
+"""Interleaved rounds; each frame's figure pools the samples of all of them."""
+
+
+def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration | None]
+                 ) -> dict[str, Configuration | None]:
+    """``configurations`` with their latencies measured again, together, in this process (``None`` stays ``None``).
+
+    Configurations that run the same NNs under the same schedule are timed once and share the figure.
+    """
+    frames: dict[tuple, tuple[dict, kernels.Schedule]] = {}
+    keys: dict[str, tuple] = {}
+    examples = ctx.examples()
+    for name, config in configurations.items():
+        if config is None:
+            continue
+        key = (config.schedule, tuple(sorted((n, c.candidate, c.backend) for n, c in config.nns.items())))
+        keys[name] = key
+        if key not in frames:
+            target = kernels.frame_target(ctx.target, config.schedule, len(config.nns))
+            frames[key] = ({n: compile_choice(ctx.build(n, c.knobs), examples[n], c, target, ctx.cache_dir)
+                            for n, c in config.nns.items()}, config.schedule)
+    measured = kernels.compare_frames({str(i): frame for i, frame in enumerate(frames.values())}, ctx.target,
+                                      rounds=ROUNDS)
+    by_key = {key: measured[str(i)] for i, key in enumerate(frames)}
+    out: dict[str, Configuration | None] = {}
+    for name, config in configurations.items():
+        if config is None:
+            out[name] = None
+            continue
+        m = by_key[keys[name]]
+        out[name] = config.model_copy(update={"latency_ms": m.median_ms, "latency": latency_of([m])})
+    return out

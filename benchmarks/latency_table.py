@@ -3,8 +3,11 @@
 Compact and ResNet-18 NavNets (seeded random weights; timing does not depend on
 training) x fp32 / bf16 / int8 x torch eager, torch-compile, ONNX Runtime,
 OpenVINO, TVM untuned and TVM tuned, each compiled and measured by qaopt's own
-path (``qaopt.kernels.compile`` then ``measure`` under the default protocol) in one
-process, so that every figure shares one epoch. A cell holds the median with its
+path (``qaopt.kernels.compile`` then ``measure`` under the default protocol), each
+cell in a fresh process of its own: measured in one process, a later cell ran on
+top of the thread pools every earlier backend had left spinning (ONNX Runtime's
+ResNet-18 fp32 took 25 ms there against 13 ms alone, torch 440-1080 ms), so a
+cell's figure depended on the order of the columns. A cell holds the median with its
 95 % interval (``*`` when the measurement was flagged untrusted), or why the backend
 cannot run that dtype. TVM tuned states its trials and tuning seconds.
 
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -30,8 +35,8 @@ DTYPES = ("fp32", "bf16", "int8")
 COLUMNS = ("torch", "torch-compile", "onnxruntime", "openvino", "tvm untuned", "tvm tuned")
 
 
-def models_of(backbone: str, folder: Path) -> dict[str, Any]:
-    """The backbone's NavNet in each dtype: fp32 and bf16 torch modules, int8 as qaopt's QDQ ONNX graph."""
+def models_of(backbone: str, folder: Path) -> dict[str, Path]:
+    """The backbone's NavNet in each dtype, saved for the cells' processes: fp32 and bf16 torch modules, int8 QDQ ONNX."""
     import numpy as np
     import torch
 
@@ -46,15 +51,20 @@ def models_of(backbone: str, folder: Path) -> dict[str, Any]:
                          kernels.onnx)
     bf16 = NavNet("heading", backbone).eval()
     bf16.load_state_dict(net.state_dict())
-    return {"fp32": net, "bf16": bf16.to(torch.bfloat16), "int8": int8}
+    paths = {"fp32": folder / f"{backbone}.fp32.pt", "bf16": folder / f"{backbone}.bf16.pt"}
+    torch.save(net, paths["fp32"])
+    torch.save(bf16.to(torch.bfloat16), paths["bf16"])
+    return {**paths, "int8": Path(int8)}
 
 
-def cell(model: Any, column: str, target: Any, cache: Path) -> dict[str, Any]:
-    """One backend's figure for one model, or the reason there is none."""
+def cell(model_path: str, column: str, target: Any, cache: Path) -> dict[str, Any]:
+    """One backend's figure for one model, or the reason there is none (run in the cell's own process)."""
     import numpy as np
+    import torch
 
     from qaopt import kernels
 
+    model = model_path if model_path.endswith(".onnx") else torch.load(model_path, weights_only=False)
     backend, _, mode = column.partition(" ")
     if mode != "tuned":
         target = replace(target, tuning=kernels.TuningBudget())
@@ -75,6 +85,16 @@ def cell(model: Any, column: str, target: Any, cache: Path) -> dict[str, Any]:
     return out
 
 
+def cell_in_new_process(model: Path, column: str, args: argparse.Namespace, trials: int, cache: Path) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", str(model), column, str(cache), "--threads", str(args.threads),
+               "--tvm-trials", str(trials)] + (["--tvm-seconds", str(args.tvm_seconds)] if args.tvm_seconds else [])
+    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    if out.returncode != 0:  # the process died (a segfault in a runtime, out of memory): the cell says so
+        last = out.stderr.strip().splitlines()[-1:] or [f"exit status {out.returncode}"]
+        return {"error": f"crashed: the cell's process exited with {out.returncode}: {last[0]}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def show(c: dict[str, Any]) -> str:
     if "error" in c:
         return "n/a"
@@ -91,13 +111,17 @@ def main() -> None:
     parser.add_argument("--tvm-trials", type=int, default=256, help="TVM tuning budget per NN (trials)")
     parser.add_argument("--tvm-seconds", type=float, default=None, help="TVM tuning budget per NN (seconds)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--child", nargs=3, metavar=("MODEL", "COLUMN", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     from qaopt import kernels
 
     backbones = ["compact"] if args.quick else ["compact", "resnet18"]
     trials = 8 if args.quick else args.tvm_trials
-    target = kernels.Target(threads=args.threads, tuning=kernels.TuningBudget(trials, args.tvm_seconds))
+    if args.child:
+        target = kernels.Target(threads=args.threads, tuning=kernels.TuningBudget(trials, args.tvm_seconds))
+        print(json.dumps(cell(args.child[0], args.child[1], target, Path(args.child[2]))))
+        return
     out = args.out or (Path(tempfile.gettempdir()) / "latency_table.quick.json" if args.quick else OUT)
     rows = []
     with tempfile.TemporaryDirectory(prefix="qaopt-table-") as tmp:
@@ -105,7 +129,7 @@ def main() -> None:
             for dtype, model in models_of(backbone, Path(tmp)).items():
                 cells = {}
                 for column in COLUMNS:
-                    cells[column] = cell(model, column, target, Path(tmp) / "cache")
+                    cells[column] = cell_in_new_process(model, column, args, trials, Path(tmp) / "cache")
                     print(f"{backbone} {dtype} {column}: {show(cells[column])}"
                           + (f" ({cells[column]['error']})" if "error" in cells[column] else ""), flush=True)
                 rows.append({"model": backbone, "dtype": dtype, "cells": cells})

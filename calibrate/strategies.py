@@ -204,8 +204,8 @@ holds its confidence for the region as a whole, so its threshold on P(valid) sit
 higher, and a point the model believes valid at 90 % still moves the certified boundary
 when it gets more runs. Stopping at ``confidence`` instead left CropFollow's 2-D region
 at 93.6 % agreement with the dense truth over 15 calibration seeds at 20 evaluations;
-running on to this level gives 95.4 % for about 1.5 times the runs (docs/BENCHMARKS.md,
-Calibration)."""
+running on to this level gives 95.5 %, above the per-point ceiling, for about 1.4 times the
+runs (docs/BENCHMARKS.md, Calibration)."""
 
 
 class BoundarySearch:

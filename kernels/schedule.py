@@ -123,7 +123,7 @@ def frame_target(target: Target, schedule: Schedule, n_models: int) -> Target:
 
 
 def _measured_frame(compiled: Mapping[str, Any], schedule: Schedule, model_target: Target,
-             protocol: Protocol = Protocol()) -> FrameMeasurement:
+                    protocol: Protocol = Protocol()) -> FrameMeasurement:
     """Measure models already compiled for ``model_target`` (:func:`frame_target`) as one frame, now.
 
     Each model is measured alone (its figures and memory); a parallel frame is then

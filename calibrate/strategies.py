@@ -202,10 +202,10 @@ CERTAIN = 0.999
 Sure enough to certify is more than the point-wise ``confidence``: the pooled certifier
 holds its confidence for the region as a whole, so its threshold on P(valid) sits
 higher, and a point the model believes valid at 90 % still moves the certified boundary
-when it gets more runs. Stopping at ``confidence`` instead left CropFollow's 2-D region
-at 93.6 % agreement with the dense truth over 15 calibration seeds at 20 evaluations;
-running on to this level gives 95.5 %, above the per-point ceiling, for about 1.4 times the
-runs (docs/BENCHMARKS.md, Calibration)."""
+when it gets more runs. On CropFollow's 2-D space at 20 evaluations, stopping at
+``confidence`` agreed with the dense truth on 94.3 % of it; running on to this level gives
+95.4 %, above the per-point ceiling, for about 1.4 times the runs (docs/BENCHMARKS.md,
+Calibration)."""
 
 
 class BoundarySearch:

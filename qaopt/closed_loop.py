@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Executor, Future
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,13 +137,21 @@ def _blocks(
     make = remote if remote is not None else _Given(evaluator)
     window: deque[list[Future]] = deque()
     submitted = 0
+    def busy() -> list[Future]:
+        return [f for b in window for f in b if not f.done()]
+
     try:
         while submitted < len(blocks) or window:
-            # Keep every worker busy: whole blocks go out while fewer than ``width`` of their tasks are unfinished.
-            while submitted < len(blocks) and sum(not f.done() for b in window for f in b) < width:
-                window.append([executor.submit(run_perception_block, make, dict(nns), seeds, threads)
-                               for seeds in blocks[submitted]])
-                submitted += 1
+            # Keep every worker busy: whole blocks go out while fewer than ``width`` of their tasks are
+            # unfinished, topped up whenever any task ends (not only the oldest block's), until that block is done.
+            while True:
+                while submitted < len(blocks) and len(busy()) < width:
+                    window.append([executor.submit(run_perception_block, make, dict(nns), seeds, threads)
+                                   for seeds in blocks[submitted]])
+                    submitted += 1
+                if all(f.done() for f in window[0]):
+                    break
+                wait(busy(), return_when=FIRST_COMPLETED)
             block = window.popleft()
             yield [r for f in block for r in f.result()]
     finally:

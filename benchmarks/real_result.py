@@ -3,6 +3,7 @@
     python benchmarks/real_result.py --spec examples/cropfollow-resnet18.yaml --out DIR
         [--estimator ekf|none] [--profile default] [--cache CACHE] [--state STATE.tar.gz]
         [--snapshot-every 120] [--json docs/benchmarks/real_result.json]
+    python benchmarks/real_result.py --rungs STATE.tar.gz
 
 Runs ``qaopt optimize`` (the CLI, in a child process) on the spec with its estimator set to
 ``--estimator``, its run folder in ``DIR/run`` and its cache in ``--cache`` (default ``DIR/cache``).
@@ -20,6 +21,11 @@ ladders' rungs (~100 s per NN) and candidates.
 When the run has finished, the figures the issue names go to ``--json`` (default
 ``DIR/real_result.json``): the application-aware configuration's speedup over the reference and
 over the application-agnostic one, and both configurations' closed-loop validations.
+
+``--rungs STATE.tar.gz`` reads a run's saved study instead and prints, per NN, every ladder rung
+and dtype the two searches measured (error, MACs, the NN's latency on the target at the
+threads its schedule gave it) and the fastest frames each search found: where the speedup stops
+as the rungs get deeper, which is what limits the result.
 """
 
 from __future__ import annotations
@@ -46,14 +52,20 @@ STATE = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", type=Path, default=Path("examples/cropfollow-resnet18.yaml"))
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--estimator", choices=["ekf", "none"], default=None, help="default: the spec's")
     ap.add_argument("--profile", default="default")
     ap.add_argument("--cache", type=Path, default=None, help="cache folder (default: OUT/cache); runs may share one")
     ap.add_argument("--state", type=Path, default=None, help="tar.gz to resume from and keep the state in")
     ap.add_argument("--snapshot-every", type=float, default=120.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--rungs", type=Path, default=None, metavar="STATE", help="print the rungs a saved run measured, and stop")
     args = ap.parse_args()
+    if args.rungs is not None:
+        print(rung_tables(args.rungs))
+        return
+    if args.out is None:
+        ap.error("--out is required (unless --rungs)")
     out = args.out.resolve()
     run, cache = out / "run", (args.cache or out / "cache").resolve()
     run.mkdir(parents=True, exist_ok=True)
@@ -141,6 +153,51 @@ def real_result(result: dict, spec: dict) -> dict:
         "estimator": params.get("estimator", "none"),
         "seconds": result.get("seconds"),
     }
+
+
+def rung_tables(state: Path) -> str:
+    """Markdown tables of what a saved run's studies measured per NN and rung, and their fastest frames."""
+    import tempfile
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        _restore(state, Path(tmp) / "run", Path(tmp) / "cache")
+        url = f"sqlite:///{Path(tmp) / 'run' / 'study.db'}"
+        studies = {s.study_name: optuna.load_study(study_name=s.study_name, storage=url)
+                   for s in optuna.get_all_study_summaries(url)}
+        trials = {name: [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE and "configuration" in t.user_attrs]
+                  for name, st in studies.items()}
+    rows: dict[str, dict[tuple, dict]] = {}
+    frames = []
+    for name, done in trials.items():
+        for t in done:
+            config = t.user_attrs["configuration"]
+            threads = "1 (parallel)" if config["schedule"] == "parallel" else "2 (sequential)"
+            for nn, c in config["nns"].items():
+                rows.setdefault(nn, {}).setdefault((c["knobs"]["prune_ratio"], c["knobs"]["dtype"]), {
+                    "error": c["error"], "macs": c["macs"], "params": c["params"]})[threads] = c["latency_ms"]
+            frames.append((config["latency_ms"], name.rsplit("-", 1)[-1], t.number, config["schedule"],
+                           {nn: (c["knobs"]["prune_ratio"], c["knobs"]["dtype"]) for nn, c in config["nns"].items()},
+                           t.user_attrs.get("feasible")))
+    out = []
+    for nn, by_rung in rows.items():
+        out += [f"**{nn}**: every rung and dtype the searches measured (latency in ms on the target, median)", "",
+                "| pruned | dtype | MMACs | M params | error | ms, 2 threads (sequential) | ms, 1 thread (parallel) |",
+                "|---|---|---|---|---|---|---|"]
+        for (ratio, dtype), r in sorted(by_rung.items()):
+            ms = [f"{r[k]:.2f}" if k in r else "-" for k in ("2 (sequential)", "1 (parallel)")]
+            out.append(f"| {ratio:.2f} | {dtype} | {r['macs'] / 1e6:.0f} | {r['params'] / 1e6:.3f} | {r['error']:.4g} | {ms[0]} | {ms[1]} |")
+        out.append("")
+    out += ["Fastest frames each search measured (feasible: inside the region for `aware`, within the reference's "
+            "error for `agnostic`):", "", "| search | trial | frame ms | schedule | rungs (pruned, dtype) | feasible |",
+            "|---|---|---|---|---|---|"]
+    for kind in ("aware", "agnostic"):
+        for ms, k, number, schedule, knobs, feasible in sorted(f for f in frames if f[1] == kind)[:6]:
+            rungs = ", ".join(f"{nn} {ratio:.2f} {dtype}" for nn, (ratio, dtype) in knobs.items())
+            out.append(f"| {k} | {number} | {ms:.2f} | {schedule} | {rungs} | {feasible} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -143,6 +144,48 @@ def test_validation_gives_the_serial_verdict_for_any_number_of_workers(failing):
                                      executor=ex, on_block=seen.append)
         assert v == serial
     assert seen[-1].runs == serial.runs and seen[-1].planned == 48 and seen[-1].failures == serial.failures
+
+
+class _HeldFirstRun(ScriptedPerceptionApp):
+    """The first run of the oldest block waits (up to a timeout) until a run of a later block starts."""
+
+    def __init__(self, held: int, waits_for: int):
+        super().__init__()
+        self.held, self.waits_for, self.started = held, waits_for, threading.Event()
+        self.waited = None
+
+    def evaluate_perception(self, nns, seeds, render_threads=1):
+        if self.waits_for in seeds:
+            self.started.set()
+        if self.held in seeds:
+            self.waited = self.started.wait(timeout=5)
+        else:
+            time.sleep(0.05)  # still running when the next blocks are considered
+        return super().evaluate_perception(nns, seeds, render_threads)
+
+
+def test_validation_tops_up_its_workers_while_the_oldest_block_is_still_running():
+    # Blocks of 8 on 9 workers: blocks 0 and 1 go out (16 runs > 9 in flight). While run 100 of block 0
+    # is held, the rest of both blocks finish; a free worker must take block 2's runs then, not after
+    # block 0 has ended (which would leave 8 workers idle behind one slow run).
+    spec, app = _validation_spec(), _HeldFirstRun(held=100, waits_for=116)
+    torch_threads = _torch_threads()
+    with ThreadPoolExecutor(9) as ex:
+        v = validate_closed_loop(app, {"a": len, "b": len}, spec, 24, trial=1, region_predicted_valid=True,
+                                 seed_base=100, executor=ex)
+    _torch_threads(torch_threads)
+    assert app.waited is True
+    assert v.runs == 24 and v.failures == 0
+
+
+def _torch_threads(n: int | None = None) -> int | None:
+    """torch's intra-op threads (a worker task sets them to 1; in a thread pool that is this process's)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if n is not None:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
 
 
 def test_bad_worker_counts_and_unreachable_cluster_fail_fast(monkeypatch):

@@ -137,6 +137,7 @@ def _blocks(
     make = remote if remote is not None else _Given(evaluator)
     window: deque[list[Future]] = deque()
     submitted = 0
+
     def busy() -> list[Future]:
         return [f for b in window for f in b if not f.done()]
 

@@ -17,7 +17,12 @@ Protocol (the same for every backend and device):
 5. When other processes (or the hypervisor) took more than
    ``max_interference`` of the cores, measure again (``retries`` times); keep
    the least disturbed attempt, and mark it untrusted when even that one was
-   disturbed or its median is uncertain by more than ``max_rel_ci``.
+   disturbed or its median is uncertain by more than ``max_rel_ci``. On CPU,
+   a fixed reference kernel (:class:`SpeedReference`) is timed on the same
+   cores before and after the samples: when the machine ran it more than
+   ``max_slowdown`` slower than its best since boot, the measurement is
+   untrusted too (a virtual machine slows down as a whole, for minutes, and
+   ``/proc/stat`` does not show it).
 6. Report the median with its distribution-free confidence interval (order
    statistics), the inter-quartile range, the trust flag and why, the epoch
    (the process that measured), the peak memory of the model while it runs, and
@@ -35,6 +40,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import hashlib
+import json
 import math
 import os
 import socket
@@ -102,7 +109,9 @@ class Protocol:
     the 4th and 12th sample; ``max_interference`` is the share of the cores other
     processes may take before a measurement is retried (``retries`` times, after
     ``retry_wait_s``) and, still disturbed, marked untrusted; ``max_rel_ci`` the
-    relative half-width of the median's interval beyond which it is untrusted.
+    relative half-width of the median's interval beyond which it is untrusted;
+    ``max_slowdown`` how much slower than its best the machine may run the
+    reference kernel (CPU) before a measurement is untrusted.
     """
 
     warmup: int = 5
@@ -113,6 +122,7 @@ class Protocol:
     retries: int = 2
     retry_wait_s: float = 0.5
     max_rel_ci: float = 0.10
+    max_slowdown: float = 0.25
 
 
 CONFIDENCE = 0.95
@@ -250,6 +260,72 @@ class CpuLoadProbe:
         return Interference(others=max(0.0, busy - (own - own0)) / capacity, steal=max(0.0, steal) / capacity)
 
 
+class SpeedReference:
+    """How much slower than its best this machine runs a fixed kernel now: a check the load probe cannot make.
+
+    A virtual machine can run slower as a whole for minutes (its host is busy, its
+    clock is lowered) with no steal time and no other process in ``/proc/stat``;
+    on the project's 2-core VM a 256x256 float32 matrix product took 0.14 ms in one
+    process and 0.28 ms in another within a minute, and the NNs measured then were
+    off by as much. The reference kernel's work never changes, so its time is the
+    machine's speed of the moment. The best (lowest) time is kept per CPU model,
+    core count and boot in the lock folder, shared by every qaopt process, so the
+    first measurements of a boot set it and later ones are compared with it.
+    ``kernel`` (the reference's median ms) and ``folder`` are injectable for tests.
+    """
+
+    def __init__(self, cores: int, kernel: Callable[[], float] | None = None, folder: Path | None = None):
+        self.kernel = kernel or matmul_reference_ms
+        self.path = (folder or lock_dir()) / f"speed-reference-{_machine_key(cores)}.json"
+
+    def slowdown(self) -> float:
+        """This moment's reference time over the best kept (updated when faster), less 1."""
+        ms = self.kernel()
+        with FileLock(str(self.path) + ".lock"):
+            try:
+                best = float(json.loads(self.path.read_text())["best_ms"])
+            except (OSError, ValueError, KeyError, TypeError):
+                best = math.inf
+            if ms < best:
+                best = ms
+                self.path.write_text(json.dumps({"best_ms": best}))
+        return ms / best - 1.0
+
+
+REFERENCE_SIZE = 256
+"""Side of the reference kernel's float32 matrices (a product of well under a millisecond on one core)."""
+
+
+def matmul_reference_ms(repeats: int = 30) -> float:
+    """Median ms of a fixed float32 matrix product on one BLAS thread (a pool as wide as the machine, pinned
+    to a measurement's few cores, would time its own contention)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.random((REFERENCE_SIZE, REFERENCE_SIZE), dtype=np.float32) for _ in range(2))
+    times = []
+    with threadpool_limits(limits=1, user_api="blas"):
+        for _ in range(3):
+            np.matmul(a, b)
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            np.matmul(a, b)
+            times.append((time.perf_counter_ns() - start) / 1e6)
+    return statistics.median(times)
+
+
+def _machine_key(cores: int) -> str:
+    """CPU model, core count and boot: a reference best is only compared within one of each."""
+    model = ""
+    with contextlib.suppress(OSError):
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return hashlib.sha256(f"{model}|{cores}|{boot}".encode()).hexdigest()[:16]
+
+
 # --------------------------------------------------------------------------- energy
 
 
@@ -363,6 +439,7 @@ def measure_callable(
     extra: dict[str, Any] | None = None,
     probe: InterferenceProbe | None = None,
     cores: Sequence[int] | None = None,
+    reference: SpeedReference | None = None,
 ) -> Measurement:
     """Time ``call`` (one inference on prepared inputs) under the protocol above.
 
@@ -371,8 +448,10 @@ def measure_callable(
     ``probe`` watches for interference (default on CPU: :class:`CpuLoadProbe` of
     the measured cores); ``cores`` are the cores to pin to (default on CPU:
     :func:`measurement_cores` of ``threads``; several models side by side need
-    the cores of all of them). Any exception from ``call`` becomes a
-    :class:`MeasurementError` naming the backend.
+    the cores of all of them); ``reference`` times the machine's speed before and
+    after the samples (default on CPU: a :class:`SpeedReference` for these
+    cores). Any exception from ``call`` becomes a :class:`MeasurementError`
+    naming the backend.
     """
     sync = sync or (lambda: None)
     meter, note = energy_meter(device)
@@ -381,6 +460,8 @@ def measure_callable(
         cores = measurement_cores(threads) if device == "cpu" else ()
     if probe is None and cores:
         probe = CpuLoadProbe(cores)
+    if reference is None and cores:
+        reference = SpeedReference(len(cores))
     try:
         with device_lock(device_key), pinned(cores) if cores else contextlib.nullcontext():
             reset, read = cuda_peak() if cuda_peak is not None else (resident.start, resident.stop)
@@ -388,6 +469,7 @@ def measure_callable(
             _warm_up(call, sync, protocol)
             peak = read()
             number = _calls_per_sample(call, sync, protocol.min_sample_ms)
+            slowdowns = [reference.slowdown()] if reference is not None else []
             attempts: list[_Attempt] = []
             for attempt in range(1 + max(0, protocol.retries)):
                 if attempt:
@@ -395,6 +477,8 @@ def measure_callable(
                 attempts.append(_sample(call, sync, number, protocol, meter, probe))
                 if not _disturbed(attempts[-1].interference, protocol):
                     break
+            if reference is not None:
+                slowdowns.append(reference.slowdown())
     except MeasurementError:
         raise
     except Exception as exc:
@@ -402,7 +486,8 @@ def measure_callable(
     best = min(attempts, key=lambda a: a.interference.total if a.interference is not None else 0.0)
     median, spread = median_and_spread(best.samples)
     ci = median_interval(best.samples)
-    why = untrusted_reason(best.interference, median, ci, protocol, len(attempts))
+    slowdown = max(slowdowns) if slowdowns else None
+    why = untrusted_reason(best.interference, median, ci, protocol, len(attempts), slowdown=slowdown)
     return Measurement(
         backend=backend,
         device=device,
@@ -414,7 +499,8 @@ def measure_callable(
         peak_mem_bytes=None if peak is None else param_bytes + peak,
         energy_mj=best.energy_mj,
         energy_note=meter.source if meter else note,
-        extra={**(extra or {}), "attempts": len(attempts)},
+        extra={**(extra or {}), "attempts": len(attempts),
+               **({"slowdown": round(slowdown, 4)} if slowdown is not None else {})},
         ci_ms=ci,
         trusted=not why,
         untrusted=why,
@@ -471,12 +557,15 @@ def _disturbed(interference: Interference | None, protocol: Protocol) -> bool:
 
 
 def untrusted_reason(interference: Interference | None, median: float, ci: tuple[float, float], protocol: Protocol,
-                     attempts: int) -> str:
-    """Why a measurement cannot be trusted ('' when it can): a disturbed machine, or a median too uncertain."""
+                     attempts: int, *, slowdown: float | None = None) -> str:
+    """Why a measurement cannot be trusted ('' when it can): a disturbed or slowed machine, or a median too uncertain."""
     reasons = []
     if interference is not None and _disturbed(interference, protocol):
         reasons.append(f"{interference.describe()} (limit {protocol.max_interference:.0%}) in each of {attempts} "
                        "attempt(s)")
+    if slowdown is not None and slowdown > protocol.max_slowdown:
+        reasons.append(f"the machine ran a fixed reference kernel {slowdown:.0%} slower than its best since boot "
+                       f"(limit {protocol.max_slowdown:.0%})")
     half = (ci[1] - ci[0]) / 2 / median if median > 0 else math.inf
     if half > protocol.max_rel_ci:
         reasons.append(f"the median is uncertain by +-{half:.0%} (limit {protocol.max_rel_ci:.0%})")

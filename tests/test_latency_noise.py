@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from qaopt.kernels import CpuLoadProbe, Interference, Protocol, measure_callable, median_interval
-from qaopt.kernels.measure import read_proc_stat
+from qaopt.kernels.measure import SpeedReference, read_proc_stat
 
 FAST = Protocol(warmup=1, repeats=5, min_sample_ms=0.1, retries=2, retry_wait_s=0.0)
 
@@ -133,3 +133,51 @@ def test_models_side_by_side_are_pinned_to_the_cores_of_all_of_them(monkeypatch)
                 for _ in range(2)]
     kernels.measure_concurrent(compiled, kernels.Target(threads=1), FAST)
     assert seen == [tuple(sorted(os.sched_getaffinity(0))[:2])]
+
+
+class ScriptedReference(SpeedReference):
+    """A speed reference whose kernel times come from a script (the last entry repeats)."""
+
+    def __init__(self, folder, *ms: float):
+        self.times, self.calls = list(ms), 0
+        super().__init__(1, kernel=self._next, folder=folder)
+
+    def _next(self) -> float:
+        self.calls += 1
+        return self.times[min(self.calls, len(self.times)) - 1]
+
+
+def test_a_machine_slower_than_its_best_is_flagged_though_no_process_disturbed_it(tmp_path):
+    ScriptedReference(tmp_path, 1.0).slowdown()  # an earlier measurement of this boot: the best so far
+    reference = ScriptedReference(tmp_path, 1.4, 1.3)  # before and after this measurement's samples
+    m = measure_callable(lambda: None, backend="test", device="cpu", device_key="test-noise", threads=1,
+                         param_bytes=0, protocol=FAST, probe=ScriptedProbe(0.0), reference=reference)
+    assert reference.calls == 2
+    assert not m.trusted
+    assert "reference kernel 40% slower than its best since boot (limit 25%)" in m.untrusted
+    assert "other processes" not in m.untrusted
+    assert m.extra["slowdown"] == pytest.approx(0.4)
+
+
+def test_a_machine_at_its_usual_speed_is_not_flagged(tmp_path):
+    ScriptedReference(tmp_path, 1.0).slowdown()
+    m = measure_callable(lambda: None, backend="test", device="cpu", device_key="test-noise", threads=1,
+                         param_bytes=0, protocol=FAST, probe=ScriptedProbe(0.0),
+                         reference=ScriptedReference(tmp_path, 1.1))
+    assert "reference kernel" not in m.untrusted and m.extra["slowdown"] == pytest.approx(0.1)
+
+
+def test_the_best_reference_time_is_kept_across_processes_and_lowered_when_beaten(tmp_path):
+    assert ScriptedReference(tmp_path, 2.0).slowdown() == 0.0  # the first figure is the best
+    assert ScriptedReference(tmp_path, 3.0).slowdown() == pytest.approx(0.5)
+    assert ScriptedReference(tmp_path, 1.0).slowdown() == 0.0  # faster: the new best
+    assert ScriptedReference(tmp_path, 2.0).slowdown() == pytest.approx(1.0)
+    other = SpeedReference(2, kernel=lambda: 5.0, folder=tmp_path)  # another core count: its own best
+    assert other.slowdown() == 0.0
+
+
+def test_an_unreadable_best_is_replaced_not_fatal(tmp_path):
+    reference = ScriptedReference(tmp_path, 2.0)
+    reference.path.write_text("{not json")
+    assert reference.slowdown() == 0.0
+    assert ScriptedReference(tmp_path, 4.0).slowdown() == pytest.approx(1.0)

@@ -113,6 +113,7 @@ def main() -> None:
                 medians = [r["median_ms"] for r in idle]
                 centre = statistics.median(medians)
                 result["idle"].append({**label, "medians_ms": medians, "trusted": [r["trusted"] for r in idle],
+                                       "untrusted": [r["untrusted"] for r in idle],
                                        "max_rel_dev": max(abs(m - centre) / centre for m in medians),
                                        "within_10pct": all(abs(m - centre) <= IDLE_TOLERANCE * centre for m in medians)})
                 loaded = []
@@ -133,7 +134,8 @@ def main() -> None:
                     "ok": all(d <= LOADED_TOLERANCE or not r["trusted"] for d, r in zip(devs, loaded, strict=True)),
                 })
                 shown = ", ".join(f"{r['median_ms']:.3f}" + ("" if r["trusted"] else "*") for r in loaded)
-                print(f"{backbone} {dtype} {backend}: idle {', '.join(f'{m:.3f}' for m in medians)} "
+                calm = ", ".join(f"{r['median_ms']:.3f}" + ("" if r["trusted"] else "*") for r in idle)
+                print(f"{backbone} {dtype} {backend}: idle {calm} "
                       f"(max dev {result['idle'][-1]['max_rel_dev']:.1%}); loaded {shown} "
                       f"(max dev {max(devs):.1%}, * untrusted)", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)

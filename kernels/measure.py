@@ -266,8 +266,8 @@ class SpeedReference:
     A virtual machine can run slower as a whole for minutes (its host is busy, its
     clock is lowered) with no steal time and no other process in ``/proc/stat``;
     on the project's 2-core VM a 256x256 float32 matrix product took 0.14 ms in one
-    process and 0.28 ms in another within a minute, and the NNs measured then were
-    off by as much. The reference kernel's work never changes, so its time is the
+    process and 0.28 ms in another within a minute, and NNs of about a millisecond
+    measured then spread by up to 44 %. The reference kernel's work never changes, so its time is the
     machine's speed of the moment. The best (lowest) time is kept per CPU model,
     core count and boot in the lock folder, shared by every qaopt process, so the
     first measurements of a boot set it and later ones are compared with it.

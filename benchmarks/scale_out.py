@@ -11,9 +11,11 @@ value (:class:`qaopt.executor.ShippedNN`); each worker builds the simulator from
 Calibration: the example's calibration (``--budget`` evaluations, its strategy and error
 model) with a fresh trial cache for each worker count, so every run is simulated.
 
-Writes ``{"validation": {"1": s, ...}, "calibration": {...}, "same_verdicts": bool, ...}``
-with the machine, the sizes and each run's verdicts, and prints a markdown table. The
-wall times include starting the pool (spawned processes import torch and the simulator).
+Writes ``{"validation": {"1": s, ...}, "validation_warmup": {...}, "calibration": {...},
+"same_verdicts": bool, ...}`` with the machine, the sizes and each run's verdicts, and prints a
+markdown table. ``validation`` is timed on a started pool; ``validation_warmup`` is the pool's
+start plus one run per worker (spawned processes import torch and the simulator and compile its
+kernels). Calibration times include starting its pool.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 
 
-def validation_once(spec, workers: int, runs: int) -> tuple[float, dict]:
+def validation_once(spec, workers: int, runs: int) -> tuple[float, float, dict]:
     import torch
 
     from qaopt.app_spec import load_entry_point

@@ -317,14 +317,12 @@ def matmul_reference_ms(repeats: int = 30) -> float:
 
 def _machine_key(cores: int) -> str:
     """CPU model, core count and boot: a reference best is only compared within one of each."""
-    model = ""
-    with contextlib.suppress(OSError):
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "")
+    from .target import host_cpu_info
+
     boot = ""
     with contextlib.suppress(OSError):
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return hashlib.sha256(f"{model}|{cores}|{boot}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{host_cpu_info().model}|{cores}|{boot}".encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- energy

@@ -57,7 +57,9 @@ def reference_nn(
     path = weights_path(target, backbone, cache_dir, **recipe)
     if not path.with_suffix(".json").exists():
         if not train_if_missing:
-            raise CropFollowParamError("backbone", f"no trained weights for {backbone}-{target} at {path}; train them with `qaopt train --target {target} --backbone {backbone}`")
+            raise CropFollowParamError("backbone", f"no trained weights for {backbone}-{target} at {path}; train them with `qaopt train SPEC` on a spec "
+                                                   f"that names this NN (examples/cropfollow-resnet18.yaml for resnet18), or "
+                                                   f"`python benchmarks/cropfollow_train_reference.py --backbone {backbone} --target {target}`")
         train_reference(target, backbone, cache_dir=cache_dir, device=device, **recipe)
     return training.load(path, training.Recipe(target=target, backbone=backbone, **recipe))
 

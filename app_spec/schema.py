@@ -19,12 +19,13 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from .entrypoints import check_syntax
 from .hashing import content_hash
-from .nn_errors import Component, MetricKind, axis_name
+from .nn_errors import CLASS_COMPONENTS, CLASS_METRICS, Component, MetricKind, axis_name
 
 EntryPoint = Annotated[str, AfterValidator(check_syntax)]
 """A ``package.module:attribute`` reference to user code."""
@@ -122,19 +123,24 @@ class AppInfo(Section):
 class SimulatorSource(Section):
     """A simulator that runs the whole application closed-loop.
 
-    Either a Python entry point (a class or factory called with ``params`` that
-    returns a QoS evaluator) or a Gymnasium environment id registered on import.
+    A Python entry point (a class or factory called with ``params``) that returns an
+    object keeping the application protocol (:class:`qaopt.calibrate.Application`).
+    A Gymnasium environment is wrapped in such a class (``docs/tutorial.md``).
     """
 
-    entry_point: EntryPoint | None = None
-    env_id: str | None = None
+    entry_point: EntryPoint
     params: dict[str, Data] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _exactly_one_source(self) -> SimulatorSource:
-        if (self.entry_point is None) == (self.env_id is None):
-            raise ValueError("give exactly one of 'entry_point' (module:attr) or 'env_id'")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _no_env_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "env_id" in data:
+            raise ValueError(
+                "evaluator.simulator.env_id: removed (calibration never ran a bare Gymnasium environment); wrap "
+                "the environment in a class that keeps the application protocol (nn_names, evaluate, "
+                "evaluate_perception: docs/tutorial.md) and name it with entry_point: module:Class"
+            )
+        return data
 
 
 class FieldSource(Section):
@@ -205,10 +211,39 @@ class NNOutput(Section):
 
 
 class ErrorMetric(Section):
-    """The NN-level error in the output's unit: what calibration bounds and approx measures."""
+    """The NN-level error: what calibration bounds and approx measures (``qaopt.app_spec.nn_errors``).
 
-    kind: MetricKind = "l1"
+    A regression metric (``l1``, ``rmse``, ``mse``, ``max_abs``) is in the output's unit; a class
+    metric (``miss_rate``, ``false_alarm_rate``) is a rate in [0, 1] of a detector's output thresholded
+    at ``threshold`` against 0/1 labels (docs/calibration.md, "NNs with discrete outputs").
+    """
+
+    kind: MetricKind = Field("l1", description=(
+        "l1 / rmse / mse / max_abs: of the residuals prediction - truth, in the output's unit; miss_rate: "
+        "P(output < threshold | truth 1), false_alarm_rate: P(output >= threshold | truth 0), for a detector "
+        "or binary classifier whose truth is a 0/1 label"))
     output: Name
+    threshold: float = Field(0.5, gt=0.0, le=1.0, description=(
+        "the decision threshold on the output, as the application applies it (output >= threshold means "
+        "'present'); only meaningful for miss_rate / false_alarm_rate. The truth is positive when >= 0.5 "
+        "(labels 0/1), and calibration injects the outputs 0.0 and 1.0, so 0 < threshold <= 1"))
+
+    @model_validator(mode="after")
+    def _threshold_for_classes(self) -> ErrorMetric:
+        if self.kind not in CLASS_METRICS and self.threshold != 0.5:
+            raise ValueError(f"threshold is only meaningful for the class metrics ({', '.join(CLASS_METRICS)}): "
+                             f"a {self.kind!r} metric compares outputs with truths, not with a threshold; "
+                             "remove error_metric.threshold")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # A regression metric has no threshold (always the default): leaving it out keeps the content
+        # hashes, and so the caches, of specs written before class metrics existed.
+        data = handler(self)
+        if self.kind not in CLASS_METRICS and isinstance(data, dict):
+            data.pop("threshold", None)
+        return data
 
 
 class DataSpec(Section):
@@ -453,6 +488,13 @@ class AppSpec(Section):
             if axis.nn not in self.nns:
                 raise ValueError(
                     f"calibration.space.{i}.nn: no NN named {axis.nn!r}; the spec's NNs are {sorted(self.nns)}"
+                )
+            kind = self.nns[axis.nn].error_metric.kind
+            if kind in CLASS_METRICS and axis.component not in CLASS_COMPONENTS:
+                raise ValueError(
+                    f"calibration.space.{i}.component: {axis.component!r} means nothing for NN {axis.nn!r}, whose "
+                    f"error metric {kind!r} is a rate of misses or false alarms (its per-frame errors are confusion "
+                    f"codes, which have no bias or sigma); use component: metric (the {kind}), or leave it out"
                 )
         runs, first = self.calibration.runs, self.qos.acceptance.min_trials
         if runs is not None and runs < first:

@@ -38,6 +38,7 @@ import torch_pruning as tp
 from torch import nn
 
 from qaopt.app_spec.hashing import content_hash
+from qaopt.app_spec.nn_errors import LABEL_THRESHOLD, is_class_metric
 from qaopt.app_spec.store import read_json, write_json
 
 from .cache import Store
@@ -192,13 +193,21 @@ class Ladder:
         """Stop a recipe that breaks the NN at its first rung: every deeper rung would only be worse."""
         d = self.nn.data
         y_val = np.asarray(d.y_val)
-        constant = self.nn.metric(np.broadcast_to(np.median(np.asarray(d.y_train), axis=0), y_val.shape), y_val)
+        metric = self.nn.metric
+        if is_class_metric(metric.kind):
+            # A constant output has rate 0 or 1 (always or never "present"); the uninformed detector says
+            # "present" at random with the training labels' prevalence p: miss rate 1 - p, false-alarm rate p.
+            p = float(np.mean(np.asarray(d.y_train)[:, metric.column] >= LABEL_THRESHOLD))
+            constant = 1.0 - p if metric.kind == "miss_rate" else p
+        else:
+            constant = metric(np.broadcast_to(np.median(np.asarray(d.y_train), axis=0), y_val.shape), y_val)
         if not math.isfinite(rung.error) or rung.error >= SANITY_SHARE * constant:
             raise ApproxError(
                 self.nn.name,
                 "pruning.ladder",
                 f"rung 1 (pruning {rung.ratio:.0%} of channels, {self.recipe.finetune_steps} fine-tuning steps) has error "
-                f"{rung.error:.4g}, no better than predicting the training median for every input ({constant:.4g}): the "
+                f"{rung.error:.4g}, no better than predicting the training median for every input ({constant:.4g}; for a "
+                "detector: guessing at the labels' prevalence): the "
                 "recipe breaks the NN at its first rung; lower pruning.ladder.step, raise pruning.ladder.finetune_steps, "
                 "or check the NN and its data",
             )

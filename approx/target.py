@@ -19,7 +19,7 @@ from torch import nn
 from qaopt.app_spec.entrypoints import load_entry_point
 from qaopt.app_spec.errors import QaoptError
 from qaopt.app_spec.hashing import content_hash
-from qaopt.app_spec.nn_errors import MetricKind, error_metric, residuals
+from qaopt.app_spec.nn_errors import MetricKind, error_metric, frame_errors, is_class_metric
 
 if TYPE_CHECKING:
     from qaopt.app_spec.schema import NNSpec
@@ -48,18 +48,31 @@ class NNData(Protocol):
 
 @dataclass(frozen=True)
 class ErrorMetric:
-    """How the NN's error is measured: ``kind`` over output column ``column`` (see :mod:`qaopt.app_spec.nn_errors`)."""
+    """How the NN's error is measured: ``kind`` over output column ``column`` (see :mod:`qaopt.app_spec.nn_errors`).
+
+    ``threshold`` is a detector's decision threshold on the output (class metrics ``miss_rate`` /
+    ``false_alarm_rate`` only; truths are 0/1 labels): its per-frame errors are then confusion codes and its
+    metric a rate. Regression metrics ignore it.
+    """
 
     kind: MetricKind = "l1"
     column: int = 0
+    threshold: float = 0.5
 
     def __call__(self, pred: np.ndarray, truth: np.ndarray) -> float:
-        return error_metric(self.kind, residuals(pred, truth, self.column))
+        return error_metric(self.kind, frame_errors(self.kind, pred, truth, self.column, self.threshold))
 
     def residuals(self, pred: np.ndarray, truth: np.ndarray, sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
-        """Signed errors (prediction - truth) of the metric's output, one float32 array per drive."""
-        diff = residuals(pred, truth, self.column).astype(np.float32)
+        """Per-frame errors of the metric's output, one float32 array per drive: signed errors (prediction - truth)
+        for a regression metric, confusion codes (:func:`qaopt.app_spec.nn_errors.confusion_codes`) for a class one."""
+        diff = frame_errors(self.kind, pred, truth, self.column, self.threshold).astype(np.float32)
         return tuple(diff[np.asarray(s)] for s in sequences)
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the measurement in cache keys (the threshold only where it counts, so that regression
+        NNs keep the keys they had before class metrics existed)."""
+        return (self.kind, self.column, self.threshold) if is_class_metric(self.kind) else (self.kind, self.column)
 
 
 def _array_digest(h: hashlib._Hash, array, chunk: int = 256) -> None:
@@ -112,7 +125,8 @@ class TargetNN:
         data = load_entry_point(spec.data.source)(**spec.data.args)
         column = [o.name for o in spec.outputs].index(spec.error_metric.output)
         architecture = content_hash(spec.model, spec.args)
-        return cls(name, model, data, tuple(spec.input_shape), ErrorMetric(spec.error_metric.kind, column), architecture)
+        return cls(name, model, data, tuple(spec.input_shape), ErrorMetric(spec.error_metric.kind, column, spec.error_metric.threshold),
+                   architecture)
 
     @property
     def example_input(self) -> torch.Tensor:
@@ -137,7 +151,7 @@ class TargetNN:
             else:
                 for array in (d.x_train, d.x_val, d.y_train, d.y_val, *d.val_sequences):
                     _array_digest(h, array if hasattr(array, "shape") else np.asarray(array))
-            self._fingerprint = content_hash(h.hexdigest(), self.input_shape, self.metric.kind, self.metric.column)
+            self._fingerprint = content_hash(h.hexdigest(), self.input_shape, *self.metric.key)
         return self._fingerprint
 
     def _check_data(self) -> None:

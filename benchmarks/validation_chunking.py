@@ -18,7 +18,7 @@ import torch
 
 from qaopt.closed_loop import VALIDATION_SEED_BASE
 from qaopt.simulators.cropfollow import CropFollowEvaluator, reference_nn
-from qaopt.simulators.cropfollow.perception import torch_perception
+from qaopt.simulators.perception import torch_perception
 
 
 def main() -> None:

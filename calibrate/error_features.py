@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from qaopt.app_spec.nn_errors import check_metric, error_metric
+from qaopt.app_spec.nn_errors import check_metric, error_metric, is_class_metric
 from qaopt.calibrate.errors import CalibrationError
 
 MIN_FRAMES = 50
@@ -140,6 +140,11 @@ def analyse_residuals(
 ) -> ResidualAnalysis:
     """:func:`measure_features` with the decomposition behind the features (see :class:`ResidualAnalysis`)."""
     check_metric(metric)
+    if is_class_metric(metric):
+        raise CalibrationError(
+            f"{f'nns.{nn}: ' if nn else ''}error features describe regression residuals; a {metric!r} NN's per-frame "
+            "errors are confusion codes, described by qaopt.calibrate.confusion.burst_statistics (rates and burst "
+            "lengths of misses and false alarms)")
     seqs, truth_seqs = _validated(residuals, truths, f"nns.{nn}: " if nn else "")
     e, x = np.concatenate(seqs), np.concatenate(truth_seqs)
     x_centre = float(x.mean())

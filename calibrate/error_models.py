@@ -13,6 +13,10 @@ way:
   bias, truth dependence, correlation time, bursts) reproduced by a parametric
   process, so a controller meets the persistent, bursty errors real NNs make.
 
+A detector's class metric (``miss_rate``, ``false_alarm_rate``) is injected by the
+confusion model of :mod:`qaopt.calibrate.confusion` instead, which
+:func:`make_error_model` picks for each name.
+
 The metrics themselves are defined once, in :mod:`qaopt.app_spec.nn_errors`.
 ``fit`` methods build a model from a real NN's residual sequences (time-
 ordered, in the output's unit; ``shaped`` also takes the true values beside them)
@@ -30,7 +34,8 @@ import numpy as np
 from scipy.stats import norm
 
 from qaopt.app_spec.hashing import content_hash
-from qaopt.app_spec.nn_errors import METRIC_KINDS, SCALE_DEGREE, error_metric
+from qaopt.app_spec.nn_errors import CLASS_METRICS, REGRESSION_METRICS, SCALE_DEGREE, error_metric, is_class_metric
+from qaopt.calibrate.confusion import confusion_model
 from qaopt.calibrate.error_features import MAX_LAG1, ErrorFeatures, analyse_residuals, lag1_autocorrelation
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector
@@ -38,11 +43,20 @@ from qaopt.calibrate.protocols import Injector
 # A metric homogeneous in the error's scale (SCALE_DEGREE) lets a target value map exactly onto a
 # scale of the error (Gaussian sigma, residual factor). ``max_abs`` is homogeneous too, but an
 # episode's maximum grows with its length, so no error model maps a target onto it.
-CALIBRATED_METRICS = tuple(k for k in METRIC_KINDS if k != "max_abs")
+SCALED_METRICS = tuple(k for k in REGRESSION_METRICS if k != "max_abs")
+"""The regression metrics the models of this module inject, by scaling the error."""
+CALIBRATED_METRICS = SCALED_METRICS + CLASS_METRICS
+"""Every metric calibration injects: the scaled regression metrics, and the class metrics, whose rates the
+confusion model (:mod:`qaopt.calibrate.confusion`) sets."""
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in CALIBRATED_METRICS:
+    if is_class_metric(kind):
+        raise CalibrationError(
+            f"nns.*.error_metric.kind '{kind}' is a detector's rate: it is injected by the confusion model "
+            "(qaopt.calibrate.confusion, which make_error_model picks for it), not by scaling an error"
+        )
+    if kind not in SCALED_METRICS:
         raise CalibrationError(
             f"nns.*.error_metric.kind '{kind}' cannot be calibrated (no error model maps a target "
             f"value onto it); use one of {', '.join(CALIBRATED_METRICS)}"
@@ -509,11 +523,17 @@ def make_error_model(
     them (:data:`TRUTH_DEPENDENT`). ``empirical`` and ``shaped`` need residuals;
     ``gaussian``/``ar1`` without residuals are zero-bias (and, for AR(1), 5-step
     correlation) defaults.
+
+    A class ``metric`` (a detector's ``miss_rate`` / ``false_alarm_rate``) gets the
+    confusion model the name stands for (:func:`qaopt.calibrate.confusion.confusion_model`),
+    its ``residuals`` being confusion codes; ``truths`` are not needed (codes hold the class).
     """
     if name not in ERROR_MODELS:
         raise CalibrationError(
             f"calibration.error_model: '{name}' is unknown; use one of {', '.join(ERROR_MODELS)}"
         )
+    if is_class_metric(metric):
+        return confusion_model(name, metric, residuals)
     if residuals is not None:
         if name in TRUTH_DEPENDENT:
             return ERROR_MODELS[name].fit(residuals, metric, truths)

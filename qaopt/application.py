@@ -145,8 +145,9 @@ def check_application(
         again = call(method, arg, **options)
         if not _same(records, again):
             raise ApplicationError(
-                f"{describe(method, arg, options)} is not deterministic: called twice with the same seeds it returned "
-                f"{records!r:.300}, then {again!r:.300}; derive every random draw from the seeds"
+                f"{describe(method, arg, options)} is not deterministic: called twice with the same seeds, "
+                f"{_first_difference(records, again, seeds)} (it returned {records!r:.300}, then {again!r:.300}); "
+                "derive every random draw from the seeds"
             )
 
     run("evaluate", {})
@@ -221,6 +222,19 @@ def _same(a: Sequence[Mapping], b: object) -> bool:
             if not is_qos_value(v) or not (u == float(v) or (math.isnan(u) and math.isnan(float(v)))):
                 return False
     return True
+
+
+def _first_difference(a: Sequence[Mapping], b: object, seeds: Sequence[int]) -> str:
+    """Where two results for the same seeds first differ: ``seed 0's 'm' was 0.1, then 0.2``."""
+    if not isinstance(b, Sequence) or len(a) != len(b):
+        return f"it returned {len(a)} records, then {len(b) if isinstance(b, Sequence) else type(b).__name__}"
+    for seed, x, y in zip(seeds, a, b):
+        if not isinstance(y, Mapping) or set(x) != set(y):
+            return f"seed {seed}'s record had the metrics {sorted(x)}, then {sorted(y) if isinstance(y, Mapping) else y!r:.100}"
+        for k in x:
+            if not _same([{k: x[k]}], [{k: y[k]}]):
+                return f"seed {seed}'s {k!r} was {x[k]!r}, then {y[k]!r}"
+    return "its records differ"
 
 
 def _counting_injector(calls: dict[str, int], nn: str) -> Callable[[np.ndarray, np.random.Generator, int], np.ndarray]:

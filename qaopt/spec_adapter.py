@@ -76,10 +76,6 @@ def make_evaluator(spec: AppSpec, *, check_runs: bool = False) -> QoSEvaluator:
         raise problem(spec, ("evaluator",), (
             "evaluator.simulator is missing; calibration injects errors into a simulator (field runs refine a "
             "region, see `qaopt field`); add evaluator.simulator.entry_point"))
-    if sim.entry_point is None:
-        raise problem(spec, ("evaluator", "simulator", "env_id"), (
-            "not supported by calibration yet; give an entry_point (module:Class) implementing "
-            "qaopt.calibrate.Application"))
     at = ("evaluator", "simulator", "entry_point")
     try:
         factory = load_entry_point(sim.entry_point)

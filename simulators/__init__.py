@@ -9,7 +9,15 @@ reference NNs) and, where useful, a Gymnasium environment.
 
 - :mod:`qaopt.simulators.cropfollow`: an under-canopy robot that keeps to the centre
   of a crop row with two perception CNNs and a model-predictive controller (the
-  shipped example, ``examples/cropfollow.yaml``).
+  shipped example, ``examples/cropfollow.yaml``);
+- :mod:`qaopt.simulators.lanekeep`: a car that keeps its lane, stops at stop signs and
+  follows a lead vehicle with three perception NNs of two kinds (a lane regression, a
+  stop-sign detector, a lead-distance regression) and a conventional stack between them
+  and the actuators (``examples/lanekeep.yaml``).
+
+:mod:`qaopt.simulators.hashrand` (counter-based random numbers for compiled kernels) and
+:mod:`qaopt.simulators.frames` (camera frames stored as uint8, read as the NNs' float32)
+serve both.
 
 An application may use :mod:`qaopt.calibrate`'s protocols and nothing else of
 qaopt, so it stays usable on its own; ``qaopt.check_application`` (and ``qaopt

@@ -129,7 +129,7 @@ def test_wrong_type_and_out_of_range_name_the_dotted_path_and_line(tmp_path):
         (lambda d: d["qos"].pop("max"), "give the goal for 'collisions_per_100m'"),
         (lambda d: d["qos"]["acceptance"].update(min_trials=200), "min_trials (200) must not exceed max_trials"),
         (lambda d: d["target"].update(device="rpc"), "needs an 'rpc' section"),
-        (lambda d: d["evaluator"]["simulator"].update(env_id="CropFollow-v0"), "exactly one of 'entry_point'"),
+        (lambda d: d["evaluator"]["simulator"].update(env_id="CropFollow-v0"), "evaluator.simulator.env_id: removed"),
         (lambda d: d["nns"]["heading"].update(model="not an entry point"), "expected an entry point"),
         (lambda d: d["app"].update(name="crop follow"), "app.name: String should match pattern"),
         (lambda d: d["calibration"]["space"].append({"nn": "heading", "max": 5.0}), "an axis appears twice"),
@@ -194,3 +194,16 @@ def test_cli_validate_bad_spec_exits_2_with_one_line_per_problem(tmp_path, capsy
 def test_cli_debug_shows_the_traceback(tmp_path):
     with pytest.raises(SpecError):
         main(["--debug", "validate", str(tmp_path / "missing.yaml")])
+
+
+def test_removed_env_id_is_placed_at_its_line_and_says_what_to_do(tmp_path):
+    """`evaluator.simulator.env_id` was removed: a spec that still has it is told to wrap the environment."""
+    data = _example()
+    data["evaluator"]["simulator"] = {"env_id": "CropFollow-v0"}
+    path = _write(tmp_path, data)
+    (problem,) = _problems(path)
+    line = int(problem.split(":")[1])
+    assert path.read_text().splitlines()[line - 1].strip().startswith("env_id:")
+    assert "evaluator.simulator.env_id: removed" in problem
+    assert "entry_point: module:Class" in problem and "docs/tutorial.md" in problem
+    assert "unknown field" not in problem and "required field" not in problem

@@ -11,7 +11,7 @@ import torch
 
 from qaopt.simulators.cropfollow import CropFollowEvaluator, reference_nn, reference_report, torch_perception
 from qaopt.simulators.cropfollow.config import SimConfig
-from qaopt.simulators.cropfollow.frames import to_chw_float
+from qaopt.simulators.frames import to_chw_float
 from qaopt.simulators.cropfollow.field import Field
 from qaopt.simulators.cropfollow.reference import PACKAGE_WEIGHTS, reference_nn as load_nn, train_reference
 from qaopt.simulators.cropfollow.render import Renderer, Scene, draw_style

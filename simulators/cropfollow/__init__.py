@@ -19,7 +19,7 @@ from .dataset import ReferenceDataset, reference_dataset
 from .env import ENV_ID, CropFollowEnv, register
 from .errors import CropFollowParamError, PerceptionError
 from .evaluator import CropFollowEvaluator, run_episode
-from .perception import torch_perception
+from ..perception import torch_perception
 from .reference import reference_nn, reference_report
 
 register()

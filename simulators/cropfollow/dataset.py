@@ -29,7 +29,7 @@ from qaopt.app_spec.store import atomic_path, cache_root
 from .config import NN_NAMES, SimConfig, check_nn
 from .errors import CropFollowParamError
 from .evaluator import Batch, FrameSource, run_batch
-from .frames import FrameArray
+from ..frames import FrameArray
 from .field import Field
 from .render import Renderer, Scene, draw_style
 

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from .hashrand import gauss
+from ..hashrand import gauss
 
 # Columns of the per-episode state array (float64, one row per episode).
 S, EY, EPSI, OMEGA, CONTACT, COLLISIONS, INTERVENTIONS, DONE = range(8)

@@ -40,7 +40,7 @@ When a person puts the robot back on the centre line (an intervention) the filte
 told: its pose restarts at the centre with its initial uncertainty; the drift rate is kept.
 
 The simulated sensors draw their noise from the episode's counter-based stream
-(:mod:`.hashrand`), so an episode is still a function of its seed alone. Everything runs
+(:mod:`qaopt.simulators.hashrand`), so an episode is still a function of its seed alone. Everything runs
 inside one compiled call per perception step over the whole batch, like the raw path.
 """
 
@@ -53,7 +53,7 @@ from numba import njit
 
 from . import dynamics as dyn
 from .config import EstimatorParams, SimConfig
-from .hashrand import gauss, mix64
+from ..hashrand import gauss, mix64
 
 # Columns of the per-episode estimator array (float64, one row per episode): the filter's
 # estimate and covariance, its rejection counters, and the simulated gyro's true bias.

@@ -24,7 +24,7 @@ from .config import NN_NAMES, EstimatorParams, SimConfig
 from .control import build_control
 from .errors import CropFollowParamError, PerceptionError
 from .field import N_CURVATURE_MODES, Field
-from .frames import FrameArray, to_chw_float
+from ..frames import FrameArray, to_chw_float
 from .render import Renderer, Scene, episode_style
 
 Estimator = Callable[[int, "Batch"], tuple[np.ndarray, np.ndarray]]
@@ -240,7 +240,7 @@ class CropFollowEvaluator(Application):
         the end of the row); the frames are those ``evaluate_perception`` would render
         for the same seeds, so a candidate measured on them errs as it will in the loop.
         Both NNs read the same camera, so their recordings share one uint8
-        :class:`~.frames.FrameArray` (320x240 frames: 0.23 MB each).
+        :class:`~qaopt.simulators.frames.FrameArray` (320x240 frames: 0.23 MB each).
         """
         self._check_names(list(nns), "record_perception")
         seeds = check_seeds(seeds)

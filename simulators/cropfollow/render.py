@@ -22,7 +22,7 @@ from numba import njit
 
 from .config import CameraParams, FieldParams
 from .field import Field, Plants
-from .hashrand import mix64, uniform
+from ..hashrand import mix64, uniform
 
 VIEW_RANGE_M = 12.0
 """Plants farther ahead than this are not drawn (fog hides them)."""

@@ -27,7 +27,7 @@ from qaopt.app_spec.hashing import content_hash
 
 from .dataset import ReferenceDataset, dataset_recipe, reference_dataset
 from .nets import NavNet
-from .perception import torch_perception
+from ..perception import torch_perception
 
 Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``: phase is "data", "train" or "validate"."""

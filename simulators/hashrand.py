@@ -1,7 +1,7 @@
 """Counter-based random numbers for compiled kernels.
 
 A number is a pure function of (stream key, counter), so an episode's process
-noise or a plant's leaf angles never depend on what else is simulated or drawn,
+noise or a pixel's texture (a plant's leaf angles, a road's asphalt) never depend on what else is simulated or drawn,
 and kernels need no generator state.
 """
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from qaopt.app_spec import AppSpec
+from qaopt.app_spec.nn_errors import CLASS_METRICS
 from qaopt.calibrate import (
     Calibration,
     CalibrationError,
@@ -49,14 +50,16 @@ def error_models_of(
 
     ``residuals`` (NN -> residual sequences) fit the models to real NNs; the fitted
     models (:data:`FITTED_MODELS`) without them use the spec's reference NNs' residuals
-    and true values.
+    and true values, and so does every model of a detector (a class metric), for the
+    ratio of its false alarms to its misses.
     """
     residuals = dict(residuals or {})
     models: dict[str, ErrorModel] = {}
     name = spec.calibration.error_model
     for nn in space_of(spec).nns:
         res, truths = residuals.get(nn), None
-        if res is None and name in FITTED_MODELS:
+        # A detector's false alarms follow its misses at the reference NN's ratio under every model (codes are cheap).
+        if res is None and (name in FITTED_MODELS or spec.nns[nn].error_metric.kind in CLASS_METRICS):
             res, truths = reference_residuals(spec, nn, cache_dir if cache_dir is not None else cache_dir_of(spec))
         try:
             models[nn] = make_error_model(name, spec.nns[nn].error_metric.kind, res, truths)

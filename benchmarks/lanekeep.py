@@ -5,6 +5,7 @@ the calibrated 3-NN region, and `qaopt optimize` quick and default.
     .venv/bin/python benchmarks/lanekeep.py loop [--seeds 50]       # the reference NNs in the loop
     .venv/bin/python benchmarks/lanekeep.py calibrate               # the spec's region and its plot
     .venv/bin/python benchmarks/lanekeep.py optimize --profile quick|default
+    .venv/bin/python benchmarks/lanekeep.py optimize --result RUN/result.json   # a run made elsewhere
 
 Each part prints a markdown table for docs/BENCHMARKS.md and merges its figures into
 ``docs/benchmarks/lanekeep.json`` (``--json`` elsewhere): ``nns``, ``quick_seconds``,
@@ -123,13 +124,15 @@ def part_calibrate(out: Path) -> dict:
                             "runs": region.trials, "seconds": seconds, "points": points}}
 
 
-def part_optimize(profile: str, out: Path) -> dict:
+def part_optimize(profile: str, out: Path, result: Path | None = None) -> dict:
+    """Run `qaopt optimize` (or read a finished run's ``result.json``, e.g. one made by benchmarks/real_result.py)."""
     from qaopt import optimize
+    from qaopt.result import Result
 
     start = time.perf_counter()
-    r = optimize(SPEC, profile=profile, out=out)
-    wall = time.perf_counter() - start
-    print(f"`qaopt optimize examples/lanekeep.yaml --profile {profile}`: {wall / 60:.1f} min")
+    r = Result.load(result) if result is not None else optimize(SPEC, profile=profile, out=out)
+    wall = sum(r.seconds.values()) if result is not None else time.perf_counter() - start
+    print(f"`qaopt optimize examples/lanekeep.yaml --profile {r.profile}`: {wall / 60:.1f} min")
     print("\n| configuration | latency/frame (ms) | speedup vs reference | " + " | ".join(r.reference.nns) + " |")
     print("|---|---|---|" + "---|" * len(r.reference.nns))
     for name, c in (("reference", r.reference), ("application-agnostic", r.agnostic), ("application-aware", r.aware)):
@@ -146,15 +149,15 @@ def part_optimize(profile: str, out: Path) -> dict:
         print(f"| {'reference' if v.trial is None else v.trial} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} "
               f"| {v.region_predicted_valid} |")
     chosen = next((v for v in r.validations if r.aware is not None and v.trial == r.aware.trial), None)
-    figures = {"profile": profile, "seconds": wall, "aware_over_agnostic": s.aware_over_agnostic,
+    figures = {"profile": r.profile, "seconds": wall, "from_result": None if result is None else str(result), "aware_over_agnostic": s.aware_over_agnostic,
                "aware": s.aware, "agnostic": s.agnostic, "aware_accepted": r.aware_accepted,
                "chosen_validation": None if chosen is None else chosen.model_dump(mode="json"),
                "stages": r.seconds, "run_folder": str(out)}
-    top = {"quick_seconds": wall} if profile == "quick" else {
+    top = {"quick_seconds": wall} if r.profile == "quick" else {
         "aware_over_agnostic": s.aware_over_agnostic,
         "validation_runs": None if chosen is None else chosen.runs,
         "violation_free_runs": None if chosen is None else chosen.passes}
-    return {**top, f"optimize_{profile}": figures}
+    return {**top, f"optimize_{r.profile}": figures}
 
 
 def main() -> None:
@@ -163,6 +166,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=None, help="runs per row (qos: 32, loop: 50)")
     ap.add_argument("--profile", default="quick")
     ap.add_argument("--out", type=Path, default=None, help="run folder (default: runs/lanekeep-<part>)")
+    ap.add_argument("--result", type=Path, default=None, help="optimize: read this finished run's result.json instead")
     ap.add_argument("--json", type=Path, default=JSON)
     args = ap.parse_args()
     out = args.out or REPO / "runs" / f"lanekeep-{args.part if args.part != 'optimize' else args.profile}"
@@ -175,7 +179,7 @@ def main() -> None:
     elif args.part == "calibrate":
         figures = part_calibrate(out)
     else:
-        figures = part_optimize(args.profile, out)
+        figures = part_optimize(args.profile, out, args.result)
     data = json.loads(args.json.read_text()) if args.json.exists() else {}
     data.update({"nns": len(_spec().nns), **figures})
     args.json.write_text(json.dumps(data, indent=1, default=float) + "\n")

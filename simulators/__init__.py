@@ -15,9 +15,12 @@ reference NNs) and, where useful, a Gymnasium environment.
   stop-sign detector, a lead-distance regression) and a conventional stack between them
   and the actuators (``examples/lanekeep.yaml``).
 
-:mod:`qaopt.simulators.hashrand` (counter-based random numbers for compiled kernels) and
-:mod:`qaopt.simulators.frames` (camera frames stored as uint8, read as the NNs' float32)
-serve both.
+:mod:`qaopt.simulators.hashrand` (counter-based random numbers and texture noise for compiled
+kernels), :mod:`qaopt.simulators.frames` (camera frames stored as uint8, read as the NNs' float32),
+:mod:`qaopt.simulators.params` (checked parameters from a spec's mappings),
+:mod:`qaopt.simulators.dataset_store` (the reference NNs' cached labelled frames),
+:mod:`qaopt.simulators.training` (their training loop and stored weights; imports torch) and
+:mod:`qaopt.simulators.perception` serve both.
 
 An application may use :mod:`qaopt.calibrate`'s protocols and nothing else of
 qaopt, so it stays usable on its own; ``qaopt.check_application`` (and ``qaopt

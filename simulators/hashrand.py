@@ -35,3 +35,18 @@ def gauss(key, counter):
     u1 = uniform(key, c) + 0.5 / 9007199254740992.0
     u2 = uniform(key, c + np.uint64(1))
     return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+@njit(cache=True, inline="always")
+def value_noise(x, y, key):
+    """Smooth noise in [0, 1) on a unit grid (bilinear interpolation of hashed corners)."""
+    ix, iy = math.floor(x), math.floor(y)
+    fx, fy = x - ix, y - iy
+    fx = fx * fx * (3.0 - 2.0 * fx)
+    fy = fy * fy * (3.0 - 2.0 * fy)
+    k = np.uint64(key)
+    c00 = uniform(k, np.uint64(np.int64(ix) * 73856093 ^ np.int64(iy) * 19349663))
+    c10 = uniform(k, np.uint64(np.int64(ix + 1) * 73856093 ^ np.int64(iy) * 19349663))
+    c01 = uniform(k, np.uint64(np.int64(ix) * 73856093 ^ np.int64(iy + 1) * 19349663))
+    c11 = uniform(k, np.uint64(np.int64(ix + 1) * 73856093 ^ np.int64(iy + 1) * 19349663))
+    return (c00 * (1 - fx) + c10 * fx) * (1 - fy) + (c01 * (1 - fx) + c11 * fx) * fy

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..params import ParamRules
 from .errors import CropFollowParamError
 
 
@@ -22,9 +22,8 @@ NN_NAMES = ("heading", "distance")
 BACKBONES = ("compact", "resnet18")
 
 
-def _require(ok: bool, param: str, message: str) -> None:
-    if not ok:
-        raise CropFollowParamError(param, message)
+RULES = ParamRules(CropFollowParamError)
+_require = RULES.require
 
 
 def check_nn(target: str, backbone: str = "compact") -> None:
@@ -270,10 +269,10 @@ class EstimatorParams:
         """Build from the evaluator's ``estimator`` and ``estimator_params`` parameters."""
         _require(isinstance(estimator, str) and estimator in ESTIMATORS, "estimator",
                  f"{estimator!r} is not an estimator; use 'none' (raw NN estimates) or 'ekf'")
-        values = dict(_mapping({} if estimator_params is None else estimator_params, "estimator_params"))
+        values = dict(RULES.mapping({} if estimator_params is None else estimator_params, "estimator_params"))
         _require(not values or estimator == "ekf", "estimator_params",
                  f"given, but estimator is {estimator!r}; set estimator: ekf or drop estimator_params")
-        return _build(cls, {**values, "kind": estimator}, "estimator_params")
+        return RULES.build(cls, {**values, "kind": estimator}, "estimator_params")
 
 
 @dataclass(frozen=True)
@@ -329,72 +328,15 @@ class SimConfig:
         mappings of their fields; ``controller`` is ``"mpc"`` or ``"stanley"`` and
         ``controller_params`` a mapping of :class:`ControllerParams` fields.
         """
-        params = dict(params)
-        nested = {
-            "field": FieldParams,
-            "robot": RobotParams,
-            "camera": CameraParams,
-        }
-        kwargs: dict[str, Any] = {}
-        for key, kind in nested.items():
-            if key in params:
-                kwargs[key] = _build(kind, params.pop(key), key)
-        control = dict(_mapping(params.pop("controller_params", {}), "controller_params"))
-        if "controller" in params:
-            control["kind"] = params.pop("controller")
-        kwargs["control"] = _build(ControllerParams, control, "controller_params")
-        top = {f.name for f in dataclasses.fields(cls)} - set(nested) - {"control"}
-        unknown = sorted(set(params) - top)
-        if unknown:
-            raise CropFollowParamError(unknown[0], f"unknown parameter; valid ones: {', '.join(sorted(top | set(nested) | {'controller', 'controller_params'}))}")
-        _check_types(cls, params, "")
-        return cls(**params, **kwargs)
+        def controller(params: dict[str, Any]) -> dict[str, Any]:
+            control = dict(RULES.mapping(params.pop("controller_params", {}), "controller_params"))
+            if "controller" in params:
+                control["kind"] = params.pop("controller")
+            return {"control": RULES.build(ControllerParams, control, "controller_params")}
+
+        nested = {"field": FieldParams, "robot": RobotParams, "camera": CameraParams}
+        return RULES.build_config(cls, params, nested, controller, ("controller", "controller_params"))
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise CropFollowParamError(where, f"must be a mapping of parameters, got {type(value).__name__}")
-    return value
-
-
-def _build(kind: type, value: Any, where: str) -> Any:
-    if isinstance(value, kind):
-        return value
-    value = dict(_mapping(value, where))
-    names = {f.name for f in dataclasses.fields(kind)}
-    unknown = sorted(set(value) - names)
-    if unknown:
-        raise CropFollowParamError(f"{where}.{unknown[0]}", f"unknown parameter; valid ones: {', '.join(sorted(names))}")
-    for name, v in value.items():
-        if isinstance(v, list):
-            value[name] = tuple(v)
-    _check_types(kind, value, f"{where}.")
-    return kind(**value)
-
-
-def _check_types(kind: type, values: Mapping[str, Any], prefix: str) -> None:
-    """Each value has its field's type: a finite number for ``float``, an integer for ``int``, a pair for ranges.
-
-    The range checks in ``__post_init__`` compare numbers; a string there ('not-a-number')
-    would fail with a bare ``TypeError`` that names no parameter, and an infinite run
-    length would never end.
-    """
-    types = {f.name: f.type for f in dataclasses.fields(kind)}
-    for name, value in values.items():
-        expected = types[name]
-        param = _KIND_PARAMS[kind] if (kind in _KIND_PARAMS and name == "kind") else prefix + name
-        if expected == "float":
-            _require(_is_real(value), param, f"{value!r} is not a finite number")
-        elif expected == "int":
-            _require(isinstance(value, int) and not isinstance(value, bool), param, f"{value!r} is not an integer")
-        elif expected.startswith("tuple[float"):
-            _require(isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_real, value)), param,
-                     f"{value!r} is not a pair of finite numbers [min, max]")
-
-
-_KIND_PARAMS = {ControllerParams: "controller", EstimatorParams: "estimator"}
+RULES.kind_params.update({ControllerParams: "controller", EstimatorParams: "estimator"})
 """The top-level parameter that sets each nested dataclass's ``kind`` field."""
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -6,62 +6,29 @@ frame). Validation frames are drives: each sequence follows one robot for a few
 seconds through an unseen field, steered by noisy perception so it wanders, so
 an NN's residuals on it keep the time structure an error model needs.
 
-Frames are stored as uint8 shards (``.npy``) under a content hash of everything
-that determines them, written shard by shard so a killed generation resumes, and
-read back memory-mapped; ``x_train[i]`` converts to float32 on access, so a few
-thousand frames never take gigabytes of memory.
+Frames are cached by :mod:`qaopt.simulators.dataset_store` under a content hash
+of everything that determines them.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qaopt.app_spec.hashing import content_hash
-from qaopt.app_spec.store import atomic_path, cache_root
-
-from .config import NN_NAMES, SimConfig, check_nn
-from .errors import CropFollowParamError
+from .. import dataset_store
+from ..dataset_store import ReferenceDataset
+from .config import NN_NAMES, RULES, SimConfig, check_nn
 from .evaluator import Batch, FrameSource, run_batch
-from ..frames import FrameArray
 from .field import Field
 from .render import Renderer, Scene, draw_style
 
 GENERATOR_VERSION = 1
 """Bump when the renderer or the sampling changes what a given seed produces."""
 SHARD_FRAMES = 250
-
-
-def default_cache_dir() -> Path:
-    """The cache root when no folder is given (:func:`qaopt.app_spec.store.cache_root`)."""
-    return cache_root()
-
-
-@dataclass
-class ReferenceDataset:
-    """Frames and labels of one target: ``x_*`` float32 (N, 3, 240, 320), ``y_*`` float32 (N, 1)."""
-
-    target: str
-    x_train: FrameArray
-    y_train: np.ndarray
-    x_val: FrameArray
-    y_val: np.ndarray
-    val_sequences: list[np.ndarray]
-    """Index arrays into the validation set, one per drive, in time order."""
-    path: Path
-    meta: dict[str, Any]
-    """The recipe that generated the frames (what their cache key hashes)."""
-
-    @property
-    def fingerprint(self) -> str:
-        """Content hash of the recipe and target: identifies the data without hashing 0.8 GB of frames."""
-        return content_hash(self.meta, self.target)
 
 
 def _pose_grid(rng: np.random.Generator, n: int, config: SimConfig) -> np.ndarray:
@@ -115,17 +82,8 @@ def _val_drives(config: SimConfig, seed: int, n_drives: int, frames: int) -> tup
 
 def dataset_recipe(n_train: int = 3000, val_drives: int = 16, val_frames_per_drive: int = 40, seed: int = 0, **params: Any) -> dict[str, Any]:
     """Everything that determines the frames (its content hash names them on disk)."""
-    for name, value, low in (("n_train", n_train, 1), ("val_drives", val_drives, 1), ("val_frames_per_drive", val_frames_per_drive, 2)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise CropFollowParamError(name, f"{value!r} must be an integer >= {low}")
-    return {
-        "version": GENERATOR_VERSION,
-        "n_train": int(n_train),
-        "val_drives": int(val_drives),
-        "val_frames_per_drive": int(val_frames_per_drive),
-        "seed": int(seed),
-        "config": SimConfig.from_params(**params).to_dict(),
-    }
+    return dataset_store.dataset_recipe(RULES, GENERATOR_VERSION, lambda: SimConfig.from_params(**params).to_dict(),
+                                        n_train, val_drives, val_frames_per_drive, seed)
 
 
 def reference_dataset(
@@ -146,42 +104,12 @@ def reference_dataset(
     check_nn(target)
     recipe = dataset_recipe(**recipe)
     config = SimConfig.from_params(**_sim_params(recipe["config"]))
-    n_train, val_drives, val_frames_per_drive, seed = (recipe[k] for k in ("n_train", "val_drives", "val_frames_per_drive", "seed"))
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / "cropfollow" / "dataset" / content_hash(recipe)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "recipe.json").write_text(json.dumps(recipe, indent=1, default=str))
-    n_shards = -(-n_train // SHARD_FRAMES)
-    total = n_train + val_drives * val_frames_per_drive
-    done = 0
-    for k in range(n_shards):
-        n = min(SHARD_FRAMES, n_train - k * SHARD_FRAMES)
-        images_file, labels_file = path / f"train-{k:04d}.npy", path / f"train-{k:04d}-labels.npy"
-        if not labels_file.exists():
-            images, labels = _train_shard(config, seed, k, n, fields_per_shard=10)
-            _save(images_file, images)
-            _save(labels_file, labels)
-        done += n
-        if progress is not None:
-            progress(done, total)
-    if not (path / "val-labels.npy").exists():
-        images, labels = _val_drives(config, seed, val_drives, val_frames_per_drive)
-        _save(path / "val.npy", images)
-        _save(path / "val-labels.npy", labels)
-    if progress is not None:
-        progress(total, total)
-    column = NN_NAMES.index(target)
-    train_labels = np.concatenate([np.load(path / f"train-{k:04d}-labels.npy") for k in range(n_shards)])
-    val_labels = np.load(path / "val-labels.npy")
-    return ReferenceDataset(
-        target=target,
-        x_train=FrameArray([np.load(path / f"train-{k:04d}.npy", mmap_mode="r") for k in range(n_shards)]),
-        y_train=np.ascontiguousarray(train_labels[:, column : column + 1]),
-        x_val=FrameArray([np.load(path / "val.npy", mmap_mode="r")]),
-        y_val=np.ascontiguousarray(val_labels[:, column : column + 1]),
-        val_sequences=[np.arange(d * val_frames_per_drive, (d + 1) * val_frames_per_drive) for d in range(val_drives)],
-        path=path,
-        meta=recipe,
+    seed = recipe["seed"]
+    return dataset_store.cached_dataset(
+        "cropfollow", NN_NAMES.index(target), target, recipe, SHARD_FRAMES,
+        lambda k, n: _train_shard(config, seed, k, n, fields_per_shard=10),
+        lambda: _val_drives(config, seed, recipe["val_drives"], recipe["val_frames_per_drive"]),
+        cache_dir, progress,
     )
 
 
@@ -193,8 +121,3 @@ def _sim_params(config: dict[str, Any]) -> dict[str, Any]:
     params["controller_params"] = control
     return params
 
-
-def _save(path: Path, array: np.ndarray) -> None:
-    """Write atomically, so a killed run never leaves a half shard that looks finished."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, array)

@@ -20,7 +20,7 @@ from qaopt.calibrate.protocols import Application, Injector, Perception, Recordi
 
 from . import dynamics as dyn
 from . import estimator as state_estimation
-from .config import NN_NAMES, EstimatorParams, SimConfig
+from .config import NN_NAMES, RULES, EstimatorParams, SimConfig
 from .control import build_control
 from .errors import CropFollowParamError, PerceptionError
 from .field import N_CURVATURE_MODES, Field
@@ -48,17 +48,6 @@ def physics(config: SimConfig) -> dyn.Physics:
     )
 
 
-def check_seeds(seeds: Sequence[int]) -> list[int]:
-    out = []
-    for seed in seeds:
-        if isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise CropFollowParamError("seeds", f"{seed!r} is not a non-negative integer")
-        out.append(int(seed))
-    if not out:
-        raise CropFollowParamError("seeds", "at least one seed is needed")
-    return out
-
-
 @dataclass
 class Batch:
     """Episodes running in lock-step: their fields, state and current ground truth."""
@@ -78,7 +67,7 @@ class Batch:
 
     @classmethod
     def start(cls, config: SimConfig, seeds: Sequence[int]) -> Batch:
-        seeds = check_seeds(seeds)
+        seeds = RULES.seeds(seeds)
         n = len(seeds)
         fields = [Field.from_seed(config.field, s) for s in seeds]
         curvature = np.empty((n, 3, N_CURVATURE_MODES))
@@ -189,7 +178,7 @@ class CropFollowEvaluator(Application):
     def evaluate(self, injectors: Mapping[str, Injector], seeds: Sequence[int]) -> list[dict[str, float]]:
         """Error-injection runs: each NN outputs ``injector(truth, rng, step)``; NNs left out are perfect."""
         self._check_names(list(injectors), "evaluate")
-        seeds = check_seeds(seeds)
+        seeds = RULES.seeds(seeds)
         n = len(seeds)
         plan = []
         for i, name in enumerate(self.nn_names):
@@ -212,7 +201,7 @@ class CropFollowEvaluator(Application):
         ``render_threads`` > 1 renders a step's frames in parallel (the renderer releases the GIL).
         """
         self._check_names(list(nns), "evaluate_perception")
-        seeds = check_seeds(seeds)
+        seeds = RULES.seeds(seeds)
         camera = FrameSource(self.config, seeds, render_threads)
         plan = [(name, nns.get(name)) for name in self.nn_names]
 
@@ -243,9 +232,8 @@ class CropFollowEvaluator(Application):
         :class:`~qaopt.simulators.frames.FrameArray` (320x240 frames: 0.23 MB each).
         """
         self._check_names(list(nns), "record_perception")
-        seeds = check_seeds(seeds)
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 2:
-            raise CropFollowParamError("steps", f"{steps!r} must be an integer >= 2 (a drive needs consecutive frames)")
+        seeds = RULES.seeds(seeds)
+        RULES.integer(steps, "steps", 2, " (a drive needs consecutive frames)")
         camera = FrameSource(self.config, seeds, render_threads)
         cam = self.config.camera
         frames = np.empty((len(seeds), steps, cam.height_px, cam.width_px, 3), dtype=np.uint8)
@@ -281,10 +269,9 @@ class FrameSource:
     """Renders the camera frames of a batch of episodes (one scene and look per seed)."""
 
     def __init__(self, config: SimConfig, seeds: Sequence[int], threads: int = 1):
-        if threads < 1:
-            raise CropFollowParamError("render_threads", f"{threads} must be >= 1")
+        RULES.integer(threads, "render_threads", 1)
         self.config = config
-        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self._pool = ThreadPoolExecutor(int(threads)) if threads > 1 else None
         self.renderer = Renderer(config.camera, config.field)
         self.scenes = [Scene.build(Field.from_seed(config.field, s), config.run_length_m + 1.0) for s in seeds]
         self.styles = [episode_style(s) for s in seeds]

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .dataset import default_cache_dir
+from qaopt.app_spec.store import cache_root
+
 from .config import check_nn
 from .errors import CropFollowParamError
 
@@ -28,7 +29,7 @@ def weights_path(target: str, backbone: str, cache_dir: str | Path | None = None
     meta = packaged.with_suffix(".json")
     if meta.exists() and json.loads(meta.read_text()).get("key") == r.key():
         return packaged
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     return root / "cropfollow" / "weights" / f"{backbone}-{target}-{r.key()}"
 
 

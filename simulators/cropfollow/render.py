@@ -22,7 +22,7 @@ from numba import njit
 
 from .config import CameraParams, FieldParams
 from .field import Field, Plants
-from ..hashrand import mix64, uniform
+from ..hashrand import mix64, uniform, value_noise
 
 VIEW_RANGE_M = 12.0
 """Plants farther ahead than this are not drawn (fog hides them)."""
@@ -186,21 +186,6 @@ class Renderer:
         return out
 
 
-@njit(cache=True, inline="always")
-def _value_noise(x, y, key):
-    """Smooth noise in [0, 1) on a unit grid (bilinear interpolation of hashed corners)."""
-    ix, iy = math.floor(x), math.floor(y)
-    fx, fy = x - ix, y - iy
-    fx = fx * fx * (3.0 - 2.0 * fx)
-    fy = fy * fy * (3.0 - 2.0 * fy)
-    k = np.uint64(key)
-    c00 = uniform(k, np.uint64(np.int64(ix) * 73856093 ^ np.int64(iy) * 19349663))
-    c10 = uniform(k, np.uint64(np.int64(ix + 1) * 73856093 ^ np.int64(iy) * 19349663))
-    c01 = uniform(k, np.uint64(np.int64(ix) * 73856093 ^ np.int64(iy + 1) * 19349663))
-    c11 = uniform(k, np.uint64(np.int64(ix + 1) * 73856093 ^ np.int64(iy + 1) * 19349663))
-    return (c00 * (1 - fx) + c10 * fx) * (1 - fy) + (c01 * (1 - fx) + c11 * fx) * fy
-
-
 @njit(cache=True)
 def _project(pose, focal, h_cam, pitch, w, h, x, y, z):
     """World point -> (u, v, depth); depth <= 0 when behind the camera."""
@@ -286,13 +271,13 @@ def _render(out, ground, ray, pose, st, spacing, focal, h_cam, pitch, pxy, heigh
             if math.isfinite(depth):
                 wx = pose.x + gf * c - gl * s
                 wy = pose.y + gf * s + gl * c
-                tex = 0.65 * _value_noise(wx * 7.0, wy * 7.0, key) + 0.35 * _value_noise(wx * 31.0, wy * 31.0, key + 1)
+                tex = 0.65 * value_noise(wx * 7.0, wy * 7.0, key) + 0.35 * value_noise(wx * 31.0, wy * 31.0, key + 1)
                 # Lateral position of this ground point relative to the corridor centre line.
                 lat = pose.lateral + gf * math.sin(pose.heading) + gl * math.cos(pose.heading)
                 lat -= 0.5 * pose.curvature * (gf * math.cos(pose.heading)) ** 2
                 to_row = (0.5 - abs(((lat / spacing + 0.5) % 1.0) - 0.5)) * spacing
                 dark = 1.0 - st.row_darkening * math.exp(-((to_row / 0.12) ** 2))
-                sh = 1.0 - st.shade * _value_noise(wx * 1.3 + 100.0, wy * 1.3, key + 2)
+                sh = 1.0 - st.shade * value_noise(wx * 1.3 + 100.0, wy * 1.3, key + 2)
                 k = (1.0 + st.soil_contrast * (2.0 * tex - 1.0)) * dark * sh
                 fog = math.exp(-gf / st.fog_m)
                 cr = st.soil_r * k * fog + st.canopy_r * (1 - fog)
@@ -301,7 +286,7 @@ def _render(out, ground, ray, pose, st, spacing, focal, h_cam, pitch, pxy, heigh
                 zbuf[v, u] = depth
             else:
                 az, el = ray[v, u, 0] + pose.yaw, ray[v, u, 1]
-                leafy = _value_noise(az * 25.0, el * 25.0, key + 3)
+                leafy = value_noise(az * 25.0, el * 25.0, key + 3)
                 sky = 1.0 if leafy < st.sky_fraction * (0.5 + 2.0 * el) else 0.0
                 k = 0.7 + 0.6 * leafy
                 cr = st.canopy_r * k * (1 - sky) + 0.85 * sky

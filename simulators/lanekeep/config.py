@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..params import ParamRules
 from .errors import LaneKeepParamError
 
 NN_NAMES = ("lane", "stop", "lead")
@@ -23,9 +23,8 @@ NN_OUTPUTS = {"lane": "offset", "stop": "stop", "lead": "distance"}
 """The one output of each NN."""
 
 
-def _require(ok: bool, param: str, message: str) -> None:
-    if not ok:
-        raise LaneKeepParamError(param, message)
+RULES = ParamRules(LaneKeepParamError)
+_require = RULES.require
 
 
 def check_nn(target: str) -> None:
@@ -247,60 +246,5 @@ class SimConfig:
     @classmethod
     def from_params(cls, **params: Any) -> SimConfig:
         """Build from the spec's ``params``: top-level fields, and ``road``, ``car``, ``stack``, ``camera`` as mappings."""
-        params = dict(params)
         nested = {"road": RoadParams, "car": CarParams, "stack": StackParams, "camera": CameraParams}
-        kwargs: dict[str, Any] = {}
-        for key, kind in nested.items():
-            if key in params:
-                kwargs[key] = _build(kind, params.pop(key), key)
-        top = {f.name for f in dataclasses.fields(cls)} - set(nested)
-        unknown = sorted(set(params) - top)
-        if unknown:
-            raise LaneKeepParamError(unknown[0], f"unknown parameter; valid ones: {', '.join(sorted(top | set(nested)))}")
-        _check_types(cls, params, "")
-        return cls(**params, **kwargs)
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise LaneKeepParamError(where, f"must be a mapping of parameters, got {type(value).__name__}")
-    return value
-
-
-def _build(kind: type, value: Any, where: str) -> Any:
-    if isinstance(value, kind):
-        return value
-    value = dict(_mapping(value, where))
-    names = {f.name for f in dataclasses.fields(kind)}
-    unknown = sorted(set(value) - names)
-    if unknown:
-        raise LaneKeepParamError(f"{where}.{unknown[0]}", f"unknown parameter; valid ones: {', '.join(sorted(names))}")
-    for name, v in value.items():
-        if isinstance(v, list):
-            value[name] = tuple(v)
-    _check_types(kind, value, f"{where}.")
-    return kind(**value)
-
-
-def _check_types(kind: type, values: Mapping[str, Any], prefix: str) -> None:
-    """Each value has its field's type, so the range checks never meet a string or an infinity."""
-    types = {f.name: f.type for f in dataclasses.fields(kind)}
-    for name, value in values.items():
-        expected, param = types[name], prefix + name
-        if expected == "float":
-            _require(_is_real(value), param, f"{value!r} is not a finite number")
-        elif expected == "int":
-            _require(isinstance(value, int) and not isinstance(value, bool), param, f"{value!r} is not an integer")
-        elif expected == "bool":
-            _require(isinstance(value, bool), param, f"{value!r} is not true or false")
-        elif expected.startswith("tuple[float"):
-            _require(isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_real, value)), param,
-                     f"{value!r} is not a pair of finite numbers [min, max]")
-        elif expected.startswith("tuple[int"):
-            _require(isinstance(value, (tuple, list)) and len(value) == 2
-                     and all(isinstance(v, int) and not isinstance(v, bool) for v in value), param,
-                     f"{value!r} is not a pair of integers [min, max]")
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return RULES.build_config(cls, params, nested)

@@ -11,55 +11,29 @@ unseen route, toward a stop line or behind the lead vehicle, steered by a driver
 whose lane estimate carries AR(1) errors so it wanders, so an NN's residuals on it
 keep the time structure an error model needs.
 
-Frames are stored as uint8 (``.npy``) under a content hash of everything that
-determines them and read back memory-mapped; ``x_train[i]`` converts to float32 on
-access (see :class:`qaopt.simulators.frames.FrameArray`).
+Frames are cached by :mod:`qaopt.simulators.dataset_store` under a content hash
+of everything that determines them.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qaopt.app_spec.hashing import content_hash
-from qaopt.app_spec.store import atomic_path, cache_root
-
+from .. import dataset_store
+from ..dataset_store import ReferenceDataset
 from . import dynamics as dyn
-from .config import NN_NAMES, SimConfig, check_nn
-from .errors import LaneKeepParamError
+from .config import NN_NAMES, RULES, SimConfig, check_nn
 from .evaluator import Batch, FrameSource
-from ..frames import FrameArray
 from .render import Renderer, Scene, draw_style
 from .world import LEAD_END, LEAD_START, Route
 
 GENERATOR_VERSION = 1
 """Bump when the renderer or the sampling changes what a given seed produces."""
 SHARD_FRAMES = 500
-
-
-@dataclass
-class ReferenceDataset:
-    """Frames and labels of one target: ``x_*`` float32 (N, 3, 120, 160), ``y_*`` float32 (N, 1)."""
-
-    target: str
-    x_train: FrameArray
-    y_train: np.ndarray
-    x_val: FrameArray
-    y_val: np.ndarray
-    val_sequences: list[np.ndarray]
-    """Index arrays into the validation set, one per drive, in time order."""
-    path: Path
-    meta: dict[str, Any]
-
-    @property
-    def fingerprint(self) -> str:
-        """Content hash of the recipe and target: identifies the data without hashing the frames."""
-        return content_hash(self.meta, self.target)
 
 
 def _labels(config: SimConfig, route: Route, s: float, ey: float, epsi: float, lead_s: float) -> np.ndarray:
@@ -149,17 +123,8 @@ def _val_drives(config: SimConfig, seed: int, n_drives: int, frames: int) -> tup
 
 def dataset_recipe(n_train: int = 3000, val_drives: int = 12, val_frames_per_drive: int = 40, seed: int = 0, **params: Any) -> dict[str, Any]:
     """Everything that determines the frames (its content hash names them on disk)."""
-    for name, value, low in (("n_train", n_train, 1), ("val_drives", val_drives, 1), ("val_frames_per_drive", val_frames_per_drive, 2)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise LaneKeepParamError(name, f"{value!r} must be an integer >= {low}")
-    return {
-        "version": GENERATOR_VERSION,
-        "n_train": int(n_train),
-        "val_drives": int(val_drives),
-        "val_frames_per_drive": int(val_frames_per_drive),
-        "seed": int(seed),
-        "config": SimConfig.from_params(**params).to_dict(),
-    }
+    return dataset_store.dataset_recipe(RULES, GENERATOR_VERSION, lambda: SimConfig.from_params(**params).to_dict(),
+                                        n_train, val_drives, val_frames_per_drive, seed)
 
 
 def reference_dataset(target: str = "lane", cache_dir: str | Path | None = None, **recipe: Any) -> ReferenceDataset:
@@ -173,45 +138,11 @@ def reference_dataset(target: str = "lane", cache_dir: str | Path | None = None,
     """
     check_nn(target)
     recipe = dataset_recipe(**recipe)
-    config = SimConfig.from_params(**_sim_params(recipe["config"]))
-    n_train, val_drives, val_frames, seed = (recipe[k] for k in ("n_train", "val_drives", "val_frames_per_drive", "seed"))
-    root = Path(cache_dir) if cache_dir is not None else cache_root()
-    path = root / "lanekeep" / "dataset" / content_hash(recipe)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "recipe.json").write_text(json.dumps(recipe, indent=1, default=str))
-    n_shards = -(-n_train // SHARD_FRAMES)
-    for k in range(n_shards):
-        n = min(SHARD_FRAMES, n_train - k * SHARD_FRAMES)
-        images_file, labels_file = path / f"train-{k:04d}.npy", path / f"train-{k:04d}-labels.npy"
-        if not labels_file.exists():
-            images, labels = _train_shard(config, seed, k, n)
-            _save(images_file, images)
-            _save(labels_file, labels)
-    if not (path / "val-labels.npy").exists():
-        images, labels = _val_drives(config, seed, val_drives, val_frames)
-        _save(path / "val.npy", images)
-        _save(path / "val-labels.npy", labels)
-    column = NN_NAMES.index(target)
-    train_labels = np.concatenate([np.load(path / f"train-{k:04d}-labels.npy") for k in range(n_shards)])
-    val_labels = np.load(path / "val-labels.npy")
-    return ReferenceDataset(
-        target=target,
-        x_train=FrameArray([np.load(path / f"train-{k:04d}.npy", mmap_mode="r") for k in range(n_shards)]),
-        y_train=np.ascontiguousarray(train_labels[:, column : column + 1]),
-        x_val=FrameArray([np.load(path / "val.npy", mmap_mode="r")]),
-        y_val=np.ascontiguousarray(val_labels[:, column : column + 1]),
-        val_sequences=[np.arange(d * val_frames, (d + 1) * val_frames) for d in range(val_drives)],
-        path=path,
-        meta=recipe,
+    config = SimConfig.from_params(**recipe["config"])
+    seed = recipe["seed"]
+    return dataset_store.cached_dataset(
+        "lanekeep", NN_NAMES.index(target), target, recipe, SHARD_FRAMES,
+        lambda k, n: _train_shard(config, seed, k, n),
+        lambda: _val_drives(config, seed, recipe["val_drives"], recipe["val_frames_per_drive"]),
+        cache_dir,
     )
-
-
-def _sim_params(config: dict[str, Any]) -> dict[str, Any]:
-    """SimConfig.to_dict() back into the keyword form SimConfig.from_params takes."""
-    return dict(config)
-
-
-def _save(path: Path, array: np.ndarray) -> None:
-    """Write atomically, so a killed run never leaves a half shard that looks finished."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, array)

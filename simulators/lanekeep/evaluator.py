@@ -26,8 +26,8 @@ import numpy as np
 from qaopt.calibrate.protocols import Application, Injector, Perception, Recording
 
 from . import dynamics as dyn
-from .config import NN_NAMES, SimConfig
-from .errors import LaneKeepParamError, PerceptionError
+from .config import NN_NAMES, RULES, SimConfig
+from .errors import PerceptionError
 from ..frames import FrameArray, to_chw_float
 from .world import MAX_STOPS, N_LEAD, N_MODES, Route
 
@@ -35,17 +35,6 @@ Estimate = Callable[[int, "Batch"], np.ndarray]
 """``(step, batch) -> (3, B)`` outputs of the three NNs for the batch's B episodes (rows follow ``NN_NAMES``)."""
 
 QOS_METRICS = ("violations", "collisions", "lane_departures", "missed_stops", "phantom_stops", "time_to_goal_s", "time_ratio", "distance_m")
-
-
-def check_seeds(seeds: Sequence[int]) -> list[int]:
-    out = []
-    for seed in seeds:
-        if isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise LaneKeepParamError("seeds", f"{seed!r} is not a non-negative integer")
-        out.append(int(seed))
-    if not out:
-        raise LaneKeepParamError("seeds", "at least one seed is needed")
-    return out
 
 
 @dataclass
@@ -65,7 +54,7 @@ class Batch:
 
     @classmethod
     def start(cls, config: SimConfig, seeds: Sequence[int], twins: bool = True) -> Batch:
-        seeds = check_seeds(seeds)
+        seeds = RULES.seeds(seeds)
         routes = [Route.from_seed(config.road, config.route_m, s) for s in seeds]
         rows = routes + routes if twins else routes
         n = len(rows)
@@ -198,7 +187,7 @@ class LaneKeepEvaluator(Application):
         probabilities (the stack thresholds at 0.5).
         """
         self._check_names(list(injectors), "evaluate")
-        seeds = check_seeds(seeds)
+        seeds = RULES.seeds(seeds)
         n = len(seeds)
         plan = []
         for i, name in enumerate(self.nn_names):
@@ -222,7 +211,7 @@ class LaneKeepEvaluator(Application):
         (the renderer releases the GIL); it never changes the results.
         """
         self._check_names(list(nns), "evaluate_perception")
-        seeds = check_seeds(seeds)
+        seeds = RULES.seeds(seeds)
         camera = FrameSource(self.config, seeds, render_threads)
         plan = [(i, nns.get(name), name) for i, name in enumerate(self.nn_names)]
         n = len(seeds)
@@ -251,9 +240,8 @@ class LaneKeepEvaluator(Application):
         (160x120 frames: 58 kB each; 16 drives x 100 steps = 92 MB).
         """
         self._check_names(list(nns), "record_perception")
-        seeds = check_seeds(seeds)
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 2:
-            raise LaneKeepParamError("steps", f"{steps!r} must be an integer >= 2 (a drive needs consecutive frames)")
+        seeds = RULES.seeds(seeds)
+        RULES.integer(steps, "steps", 2, " (a drive needs consecutive frames)")
         camera = FrameSource(self.config, seeds, render_threads)
         cam = self.config.camera
         n = len(seeds)
@@ -295,8 +283,7 @@ class FrameSource:
     def __init__(self, config: SimConfig, seeds: Sequence[int], threads: int = 1):
         from .render import Renderer, Scene, episode_style
 
-        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-            raise LaneKeepParamError("render_threads", f"{threads!r} must be an integer >= 1")
+        RULES.integer(threads, "render_threads", 1)
         self.config = config
         self._pool = ThreadPoolExecutor(int(threads)) if threads > 1 else None
         self.renderer = Renderer(config)

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit
 
 from .config import SimConfig
-from ..hashrand import mix64, uniform
+from ..hashrand import mix64, uniform, value_noise
 from .world import Route
 
 VIEW_RANGE_M = 120.0
@@ -239,21 +239,6 @@ def _project(focal, h_cam, pitch, w, h, fwd, left, z):
 
 
 @njit(cache=True, inline="always")
-def _value_noise(x, y, key):
-    """Smooth noise in [0, 1) on a unit grid (bilinear interpolation of hashed corners)."""
-    ix, iy = math.floor(x), math.floor(y)
-    fx, fy = x - ix, y - iy
-    fx = fx * fx * (3.0 - 2.0 * fx)
-    fy = fy * fy * (3.0 - 2.0 * fy)
-    k = np.uint64(key)
-    c00 = uniform(k, np.uint64(np.int64(ix) * 73856093 ^ np.int64(iy) * 19349663))
-    c10 = uniform(k, np.uint64(np.int64(ix + 1) * 73856093 ^ np.int64(iy) * 19349663))
-    c01 = uniform(k, np.uint64(np.int64(ix) * 73856093 ^ np.int64(iy + 1) * 19349663))
-    c11 = uniform(k, np.uint64(np.int64(ix + 1) * 73856093 ^ np.int64(iy + 1) * 19349663))
-    return (c00 * (1 - fx) + c10 * fx) * (1 - fy) + (c01 * (1 - fx) + c11 * fx) * fy
-
-
-@njit(cache=True, inline="always")
 def _inside(polys, i, n, px, py):
     """Whether (px, py) is inside convex polygon ``i`` (either winding)."""
     pos, neg = False, False
@@ -337,7 +322,7 @@ def _render(out, ss, focal, h_cam, pitch, cx, cy, yaw, s_grid, centre, lane_widt
                         else:
                             e, sa = 1e3, 0.0
                         if -hw - 0.4 <= e <= 3 * hw + 0.4:
-                            tex = 0.6 * _value_noise(sa * 3.0, e * 3.0, key) + 0.4 * _value_noise(sa * 13.0, e * 13.0, key + np.uint64(1))
+                            tex = 0.6 * value_noise(sa * 3.0, e * 3.0, key) + 0.4 * value_noise(sa * 13.0, e * 13.0, key + np.uint64(1))
                             g = st.asphalt * (1.0 + st.asphalt_contrast * (2.0 * tex - 1.0))
                             cr, cg, cb = g, g, g * 1.03
                             paint = False
@@ -353,7 +338,7 @@ def _render(out, ss, focal, h_cam, pitch, cx, cy, yaw, s_grid, centre, lane_widt
                                 m = st.marking * (0.9 + 0.1 * tex)
                                 cr, cg, cb = m, m, m * 0.97
                         else:
-                            tex = 0.55 * _value_noise(sa * 0.7, e * 0.7, key + np.uint64(2)) + 0.45 * _value_noise(sa * 6.0, e * 6.0, key + np.uint64(3))
+                            tex = 0.55 * value_noise(sa * 0.7, e * 0.7, key + np.uint64(2)) + 0.45 * value_noise(sa * 6.0, e * 6.0, key + np.uint64(3))
                             k = 1.0 + st.verge_contrast * (2.0 * tex - 1.0)
                             cr, cg, cb = st.verge_r * k, st.verge_g * k, st.verge_b * k
                         cr = cr * st.brightness * haze + st.sky_r * (1 - haze)
@@ -362,9 +347,9 @@ def _render(out, ss, focal, h_cam, pitch, cx, cy, yaw, s_grid, centre, lane_widt
                     else:
                         el = math.atan2(d_up, math.sqrt(d_fwd * d_fwd + a * a))
                         az = math.atan2(-a, d_fwd) + yaw
-                        tree = 0.015 + 0.035 * _value_noise(az * 12.0, 0.0, key + np.uint64(4)) + 0.01 * _value_noise(az * 60.0, 0.0, key + np.uint64(5))
+                        tree = 0.015 + 0.035 * value_noise(az * 12.0, 0.0, key + np.uint64(4)) + 0.01 * value_noise(az * 60.0, 0.0, key + np.uint64(5))
                         if el < tree:
-                            k = 0.7 + 0.5 * _value_noise(az * 80.0, el * 80.0, key + np.uint64(6))
+                            k = 0.7 + 0.5 * value_noise(az * 80.0, el * 80.0, key + np.uint64(6))
                             cr, cg, cb = st.tree_r * k * st.brightness, st.tree_g * k * st.brightness, st.tree_b * k * st.brightness
                         else:
                             k = 1.0 - 0.6 * min(el, 0.5)

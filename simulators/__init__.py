@@ -19,8 +19,11 @@ reference NNs) and, where useful, a Gymnasium environment.
 kernels), :mod:`qaopt.simulators.frames` (camera frames stored as uint8, read as the NNs' float32),
 :mod:`qaopt.simulators.params` (checked parameters from a spec's mappings),
 :mod:`qaopt.simulators.dataset_store` (the reference NNs' cached labelled frames),
-:mod:`qaopt.simulators.training` (their training loop and stored weights; imports torch) and
-:mod:`qaopt.simulators.perception` serve both.
+:mod:`qaopt.simulators.training` (their training loop and stored weights; imports torch),
+:mod:`qaopt.simulators.perception`, :mod:`qaopt.simulators.errors` (the parameter and NN error bases),
+:mod:`qaopt.simulators.closed_loop` (the evaluators' injection, perception and recording runs),
+:mod:`qaopt.simulators.gym_env` (the Gymnasium envs' skeleton) and :mod:`qaopt.simulators.frenet`
+(curvature paths and motion along them) serve both.
 
 An application may use :mod:`qaopt.calibrate`'s protocols and nothing else of
 qaopt, so it stays usable on its own; ``qaopt.check_application`` (and ``qaopt

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from ..frenet import midpoint_step
 from ..hashrand import gauss
 
 # Columns of the per-episode state array (float64, one row per episode).
@@ -65,14 +66,6 @@ class Control(NamedTuple):
     """Turn rate per radian of heading error (MPC), or per radian of Stanley steering error."""
 
 
-@njit(cache=True, inline="always")
-def _curvature(curv, b, s):
-    k = 0.0
-    for j in range(curv.shape[2]):
-        k += curv[b, 0, j] * math.sin(curv[b, 1, j] * s + curv[b, 2, j])
-    return k
-
-
 @njit(cache=True)
 def advance_one(st, b, curv, key, step, phys, v, w):
     """Move episode ``b`` one perception period with commands (v, w); count contacts.
@@ -87,19 +80,7 @@ def advance_one(st, b, curv, key, step, phys, v, w):
         w_eff = w + phys.turn_noise_std * gauss(key, counter + np.uint64(1))
         turned += w_eff
         moved += 1
-        s, ey, epsi = st[b, S], st[b, EY], st[b, EPSI]
-        # Midpoint (RK2) integration of the Frenet kinematics.
-        kappa = _curvature(curv, b, s)
-        s_dot = v_eff * math.cos(epsi) / (1.0 - kappa * ey)
-        h = 0.5 * phys.dt
-        s_m = s + h * s_dot
-        ey_m = ey + h * v_eff * math.sin(epsi)
-        epsi_m = epsi + h * (w_eff - kappa * s_dot)
-        kappa = _curvature(curv, b, s_m)
-        s_dot = v_eff * math.cos(epsi_m) / (1.0 - kappa * ey_m)
-        st[b, S] = s + phys.dt * s_dot
-        st[b, EY] = ey + phys.dt * v_eff * math.sin(epsi_m)
-        st[b, EPSI] = epsi + phys.dt * (w_eff - kappa * s_dot)
+        st[b, S], st[b, EY], st[b, EPSI] = midpoint_step(curv, b, st[b, S], st[b, EY], st[b, EPSI], v_eff, w_eff, phys.dt)
         ey, epsi = st[b, EY], st[b, EPSI]
         if abs(ey) >= 0.5 * phys.row_spacing or abs(epsi) >= 0.5 * math.pi:
             st[b, INTERVENTIONS] += 1.0

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from qaopt.app_spec.errors import QaoptError
+from ..errors import AppParamError, AppPerceptionError
 
 
-class CropFollowParamError(QaoptError, ValueError):
+class CropFollowParamError(AppParamError):
     """A simulator, world, camera or controller parameter is out of its valid range."""
 
-    def __init__(self, param: str, message: str):
-        self.param = param
-        super().__init__(f"cropfollow parameter '{param}': {message}")
+    app = "cropfollow"
 
 
-class PerceptionError(QaoptError, ValueError):
+class PerceptionError(AppPerceptionError):
     """An injector or perception NN returned something the controller cannot use."""
 
-    def __init__(self, nn: str, message: str):
-        self.nn = nn
-        super().__init__(f"cropfollow NN '{nn}': {message}")
+    app = "cropfollow"

@@ -10,13 +10,12 @@ the check of real approximated NNs), and one compiled kernel call advances them 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from qaopt.calibrate.protocols import Application, Injector, Perception, Recording
+from qaopt.calibrate.protocols import Perception
 
 from . import dynamics as dyn
 from . import estimator as state_estimation
@@ -24,10 +23,10 @@ from .config import NN_NAMES, RULES, EstimatorParams, SimConfig
 from .control import build_control
 from .errors import CropFollowParamError, PerceptionError
 from .field import N_CURVATURE_MODES, Field
-from ..frames import FrameArray, to_chw_float
+from .. import closed_loop
 from .render import Renderer, Scene, episode_style
 
-Estimator = Callable[[int, "Batch"], tuple[np.ndarray, np.ndarray]]
+Estimate = Callable[[int, "Batch"], Sequence[np.ndarray]]
 """``(step, batch) -> (heading_deg, distance_ratio)`` estimates, each shape (B,)."""
 
 
@@ -88,6 +87,10 @@ class Batch:
     def active(self) -> np.ndarray:
         return self.state[:, dyn.DONE] == 0.0
 
+    @property
+    def runs_truth(self) -> np.ndarray:
+        return self.truth
+
     def records(self, config: SimConfig) -> list[dict[str, float]]:
         out = []
         for row in self.state:
@@ -108,7 +111,7 @@ RAW_PERCEPTION = EstimatorParams()
 """No state estimator: the controller steers from the NNs' raw estimates."""
 
 
-def run_batch(config: SimConfig, seeds: Sequence[int], estimate: Estimator, max_steps: int | None = None,
+def run_batch(config: SimConfig, seeds: Sequence[int], estimate: Estimate, max_steps: int | None = None,
               estimator: EstimatorParams = RAW_PERCEPTION) -> Batch:
     """Run one episode per seed to ``run_length_m`` (or the time limit); return the final batch.
 
@@ -135,16 +138,7 @@ def run_batch(config: SimConfig, seeds: Sequence[int], estimate: Estimator, max_
     return batch
 
 
-def _as_estimate(value: Any, nn: str, n: int) -> np.ndarray:
-    out = np.asarray(value, dtype=np.float64)
-    if out.shape != (n,):
-        if out.size == n and out.ndim == 2:
-            return out.reshape(n)
-        raise PerceptionError(nn, f"returned shape {out.shape}; expected ({n},), one estimate per episode")
-    return out
-
-
-class CropFollowEvaluator(Application):
+class CropFollowEvaluator(closed_loop.LockstepEvaluator):
     """The CropFollow application; it keeps the application protocol, :class:`qaopt.calibrate.protocols.Application`.
 
     A perception NN (:data:`~qaopt.calibrate.protocols.Perception`) takes float32 images
@@ -156,10 +150,14 @@ class CropFollowEvaluator(Application):
     an EKF with wheel odometry and a gyro between the NNs and the controller). Each seed is
     one episode: its field, start pose and process noise come from the seed alone; the
     injectors' random generator comes from the whole seed list. Results are deterministic
-    for given (injectors, seeds).
+    for given (injectors, seeds). Recorded frames are 320x240 (0.23 MB each as uint8).
     """
 
     nn_names: tuple[str, ...] = NN_NAMES
+    title = "CropFollow"
+    rules = RULES
+    perception_error = PerceptionError
+    injector_salt = 0x1A7EC7
 
     def __init__(self, **params: Any):
         sim = dict(params)
@@ -167,139 +165,25 @@ class CropFollowEvaluator(Application):
         self.config = SimConfig.from_params(**sim)
         self.params = params
 
-    def __repr__(self) -> str:
-        return f"CropFollowEvaluator({', '.join(f'{k}={v!r}' for k, v in self.params.items())})"
+    def _run(self, seeds: list[int], estimate: Estimate, max_steps: int | None = None) -> Batch:
+        return run_batch(self.config, seeds, estimate, max_steps, self.estimator)
 
-    def _check_names(self, names: Sequence[str], what: str) -> None:
-        for name in names:
-            if name not in self.nn_names:
-                raise PerceptionError(name, f"not an NN of CropFollow; {what} takes {', '.join(self.nn_names)}")
-
-    def evaluate(self, injectors: Mapping[str, Injector], seeds: Sequence[int]) -> list[dict[str, float]]:
-        """Error-injection runs: each NN outputs ``injector(truth, rng, step)``; NNs left out are perfect."""
-        self._check_names(list(injectors), "evaluate")
-        seeds = RULES.seeds(seeds)
-        n = len(seeds)
-        plan = []
-        for i, name in enumerate(self.nn_names):
-            rng = np.random.default_rng(np.random.SeedSequence([0x1A7EC7, *seeds], spawn_key=(i,)))
-            plan.append((name, injectors.get(name), rng))
-
-        def estimate(step: int, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-            out = []
-            for truth, (name, injector, rng) in zip(batch.truth, plan):
-                out.append(truth if injector is None else _as_estimate(injector(truth, rng, step), name, n))
-            return out[0], out[1]
-
-        return run_batch(self.config, seeds, estimate, estimator=self.estimator).records(self.config)
-
-    def evaluate_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], render_threads: int = 1) -> list[dict[str, float]]:
-        """Perception-in-the-loop runs: each NN in ``nns`` reads the rendered camera frames.
-
-        All unfinished episodes' frames of a step go to each NN as one batch; NNs left out
-        are perfect. Each episode keeps one randomised look (light, colours) drawn from its seed.
-        ``render_threads`` > 1 renders a step's frames in parallel (the renderer releases the GIL).
-        """
-        self._check_names(list(nns), "evaluate_perception")
-        seeds = RULES.seeds(seeds)
-        camera = FrameSource(self.config, seeds, render_threads)
-        plan = [(name, nns.get(name)) for name in self.nn_names]
-
-        def estimate(step: int, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-            active = np.flatnonzero(batch.active)
-            images = camera.frames(batch, active, step) if any(nn is not None for _, nn in plan) else None
-            out = []
-            for truth, (name, nn) in zip(batch.truth, plan):
-                if nn is None:
-                    out.append(truth)
-                    continue
-                est = truth.copy()
-                est[active] = _as_estimate(_to_numpy(nn(images)), name, active.size)
-                out.append(est)
-            return out[0], out[1]
-
-        return run_batch(self.config, seeds, estimate, estimator=self.estimator).records(self.config)
+    def _camera(self, seeds: list[int], render_threads: int) -> FrameSource:
+        return FrameSource(self.config, seeds, render_threads)
 
 
-    def record_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], steps: int,
-                          render_threads: int = 1) -> dict[str, Recording]:
-        """On-policy drives: ``nns`` steer (NNs left out are perfect) and every frame is kept with its truth.
-
-        One drive per seed of at most ``steps`` perception steps (fewer if it reaches
-        the end of the row); the frames are those ``evaluate_perception`` would render
-        for the same seeds, so a candidate measured on them errs as it will in the loop.
-        Both NNs read the same camera, so their recordings share one uint8
-        :class:`~qaopt.simulators.frames.FrameArray` (320x240 frames: 0.23 MB each).
-        """
-        self._check_names(list(nns), "record_perception")
-        seeds = RULES.seeds(seeds)
-        RULES.integer(steps, "steps", 2, " (a drive needs consecutive frames)")
-        camera = FrameSource(self.config, seeds, render_threads)
-        cam = self.config.camera
-        frames = np.empty((len(seeds), steps, cam.height_px, cam.width_px, 3), dtype=np.uint8)
-        truth = np.empty((len(seeds), steps, len(self.nn_names)))
-        kept = np.zeros(len(seeds), dtype=int)
-        plan = [(name, nns.get(name)) for name in self.nn_names]
-
-        def estimate(step: int, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-            active = np.flatnonzero(batch.active)
-            frames[active, step] = camera.frames_uint8(batch, active, step)
-            truth[active, step] = batch.truth[:, active].T
-            kept[active] += 1
-            images = to_chw_float(frames[active, step])
-            out = []
-            for row, (name, nn) in zip(batch.truth, plan):
-                est = row.copy()
-                if nn is not None:
-                    est[active] = _as_estimate(_to_numpy(nn(images)), name, active.size)
-                out.append(est)
-            return out[0], out[1]
-
-        run_batch(self.config, seeds, estimate, max_steps=steps, estimator=self.estimator)
-        # Episodes stay active until they end, so each drive's frames are its first kept[d] steps.
-        keep = np.arange(steps)[None, :] < kept[:, None]
-        images = FrameArray([frames[keep]])
-        starts = np.concatenate([[0], np.cumsum(kept)])
-        sequences = tuple(np.arange(a, b) for a, b in zip(starts[:-1], starts[1:]))
-        labels = truth[keep].astype(np.float32)
-        return {name: Recording(images, labels[:, i : i + 1], sequences) for i, name in enumerate(self.nn_names)}
-
-
-class FrameSource:
+class FrameSource(closed_loop.FrameSource):
     """Renders the camera frames of a batch of episodes (one scene and look per seed)."""
 
     def __init__(self, config: SimConfig, seeds: Sequence[int], threads: int = 1):
         RULES.integer(threads, "render_threads", 1)
-        self.config = config
-        self._pool = ThreadPoolExecutor(int(threads)) if threads > 1 else None
+        super().__init__(len(seeds), config.camera.height_px, config.camera.width_px, threads)
         self.renderer = Renderer(config.camera, config.field)
         self.scenes = [Scene.build(Field.from_seed(config.field, s), config.run_length_m + 1.0) for s in seeds]
         self.styles = [episode_style(s) for s in seeds]
-        cam = config.camera
-        self._buffer = np.empty((len(seeds), cam.height_px, cam.width_px, 3), dtype=np.uint8)
 
-    def frames_uint8(self, batch: Batch, which: np.ndarray, step: int) -> np.ndarray:
-        """uint8 (len(which), H, W, 3) frames of episodes ``which`` now (a reused buffer: copy to keep)."""
-        def draw(k: int) -> None:
-            b, st = which[k], batch.state[which[k]]
-            self.renderer.render(self.scenes[b], st[dyn.S], st[dyn.EY], st[dyn.EPSI], self.styles[b], frame=step, out=self._buffer[k])
-
-        if self._pool is None:
-            for k in range(len(which)):
-                draw(k)
-        else:
-            list(self._pool.map(draw, range(len(which))))
-        return self._buffer[: len(which)]
-
-    def frames(self, batch: Batch, which: np.ndarray, step: int) -> np.ndarray:
-        """Float32 (len(which), 3, H, W) in [0, 1]: what the NNs of those episodes see now."""
-        return to_chw_float(self.frames_uint8(batch, which, step))
-
-
-def _to_numpy(value: Any) -> Any:
-    if hasattr(value, "detach"):  # a torch tensor
-        return value.detach().cpu().numpy()
-    return value
+    def _draw(self, b: int, state: np.ndarray, step: int, out: np.ndarray) -> None:
+        self.renderer.render(self.scenes[b], state[dyn.S], state[dyn.EY], state[dyn.EPSI], self.styles[b], frame=step, out=out)
 
 
 def run_episode(

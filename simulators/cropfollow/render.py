@@ -22,6 +22,7 @@ from numba import njit
 
 from .config import CameraParams, FieldParams
 from .field import Field, Plants
+from ..frenet import centre_line
 from ..hashrand import mix64, uniform, value_noise
 
 VIEW_RANGE_M = 12.0
@@ -122,19 +123,14 @@ class Scene:
         behind = 2.0
         s = np.arange(-behind - 1.0, length_m + VIEW_RANGE_M + 1.0, ds)
         kappa = field.curvature(s)
-        theta = np.concatenate([[0.0], np.cumsum(0.5 * (kappa[1:] + kappa[:-1]) * ds)])
-        theta -= np.interp(0.0, s, theta)
-        x = np.concatenate([[0.0], np.cumsum(0.5 * (np.cos(theta[1:]) + np.cos(theta[:-1])) * ds)])
-        y = np.concatenate([[0.0], np.cumsum(0.5 * (np.sin(theta[1:]) + np.sin(theta[:-1])) * ds)])
-        x -= np.interp(0.0, s, x)
-        y -= np.interp(0.0, s, y)
+        centre = centre_line(s, kappa, ds)
         plants = field.plants(length_m + VIEW_RANGE_M, behind_m=behind)
         order = np.argsort(plants.s, kind="stable")
         plants = Plants(*(getattr(plants, f)[order] for f in Plants.__dataclass_fields__))
-        th = np.interp(plants.s, s, theta)
-        px = np.interp(plants.s, s, x) - plants.lateral * np.sin(th)
-        py = np.interp(plants.s, s, y) + plants.lateral * np.cos(th)
-        return cls(field, s, np.stack([x, y, theta], axis=1), np.stack([px, py], axis=1), plants, th)
+        th = np.interp(plants.s, s, centre[:, 2])
+        px = np.interp(plants.s, s, centre[:, 0]) - plants.lateral * np.sin(th)
+        py = np.interp(plants.s, s, centre[:, 1]) + plants.lateral * np.cos(th)
+        return cls(field, s, centre, np.stack([px, py], axis=1), plants, th)
 
     def pose(self, s: float, lateral: float, heading: float, forward_offset: float) -> Pose:
         """Camera pose for the robot at arc ``s`` with errors (lateral m, heading rad)."""

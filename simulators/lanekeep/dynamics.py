@@ -40,6 +40,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from ..frenet import curvature_at, midpoint_step
 from ..hashrand import gauss
 from .world import LEAD_END, LEAD_EVENT0, LEAD_GAP, LEAD_SPEED, LEAD_START, MAX_STOPS, N_EVENTS
 
@@ -116,14 +117,6 @@ def physics(config) -> Physics:
     )
 
 
-@njit(cache=True, inline="always")
-def kappa_at(curv, b, s):
-    k = 0.0
-    for j in range(curv.shape[2]):
-        k += curv[b, 0, j] * math.sin(curv[b, 1, j] * s + curv[b, 2, j])
-    return k
-
-
 @njit(cache=True)
 def start(st, lead, phys):
     """Initialise the stack's and bookkeeping's columns (pose and speed are set by the caller)."""
@@ -192,7 +185,7 @@ def _next_line(st, b, stops):
 def observe_one(st, b, curv, stops, phys, truth):
     """The three NNs' true outputs for episode ``b`` now, into ``truth[:, b]``."""
     d = phys.lookahead
-    k_mid = kappa_at(curv, b, st[b, S] + 0.5 * d)
+    k_mid = curvature_at(curv, b, st[b, S] + 0.5 * d)
     epsi = st[b, EPSI]
     truth[LANE, b] = -d * math.sin(epsi) + (0.5 * k_mid * d * d - st[b, EY]) * math.cos(epsi)
     front = st[b, S] + phys.half_length
@@ -289,20 +282,8 @@ def advance_one(st, b, curv, stops, lead, key, phys):
         delta_eff = delta + phys.steer_noise * gauss(key, step)
         v_new = max(0.0, v + a * dt)
         v_mid = 0.5 * (v + v_new)
-        s, ey, epsi = st[b, S], st[b, EY], st[b, EPSI]
         yaw_rate = v_mid * math.tan(delta_eff) / phys.wheelbase
-        # Midpoint (RK2) integration of the Frenet kinematics.
-        kap = kappa_at(curv, b, s)
-        s_dot = v_mid * math.cos(epsi) / (1.0 - kap * ey)
-        h = 0.5 * dt
-        s_m = s + h * s_dot
-        ey_m = ey + h * v_mid * math.sin(epsi)
-        epsi_m = epsi + h * (yaw_rate - kap * s_dot)
-        kap = kappa_at(curv, b, s_m)
-        s_dot = v_mid * math.cos(epsi_m) / (1.0 - kap * ey_m)
-        st[b, S] = s + dt * s_dot
-        st[b, EY] = ey + dt * v_mid * math.sin(epsi_m)
-        st[b, EPSI] = epsi + dt * (yaw_rate - kap * s_dot)
+        st[b, S], st[b, EY], st[b, EPSI] = midpoint_step(curv, b, st[b, S], st[b, EY], st[b, EPSI], v_mid, yaw_rate, dt)
         st[b, V] = v_new
         st[b, TIME] += dt
         _lead_update(st, b, lead, phys, dt)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from qaopt.app_spec.errors import QaoptError
+from ..errors import AppParamError, AppPerceptionError
 
 
-class LaneKeepParamError(QaoptError, ValueError):
+class LaneKeepParamError(AppParamError):
     """A simulator, road, car, camera or driving-stack parameter is out of its valid range."""
 
-    def __init__(self, param: str, message: str):
-        self.param = param
-        super().__init__(f"lanekeep parameter '{param}': {message}")
+    app = "lanekeep"
 
 
-class PerceptionError(QaoptError, ValueError):
+class PerceptionError(AppPerceptionError):
     """An injector or perception NN returned something the driving stack cannot use."""
 
-    def __init__(self, nn: str, message: str):
-        self.nn = nn
-        super().__init__(f"lanekeep NN '{nn}': {message}")
+    app = "lanekeep"

@@ -17,18 +17,17 @@ and no frames.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from qaopt.calibrate.protocols import Application, Injector, Perception, Recording
+from qaopt.calibrate.protocols import Injector
 
 from . import dynamics as dyn
 from .config import NN_NAMES, RULES, SimConfig
 from .errors import PerceptionError
-from ..frames import FrameArray, to_chw_float
+from .. import closed_loop
 from .world import MAX_STOPS, N_LEAD, N_MODES, Route
 
 Estimate = Callable[[int, "Batch"], np.ndarray]
@@ -86,6 +85,11 @@ class Batch:
         """(B,) which runs (not twins) are unfinished."""
         return self.state[: self.size, dyn.DONE] == 0.0
 
+    @property
+    def runs_truth(self) -> np.ndarray:
+        """(3, B) what perfect NNs would output now for the runs (not twins)."""
+        return self.truth[:, : self.size]
+
     def records(self, config: SimConfig) -> list[dict[str, float]]:
         n = self.size
         out = []
@@ -127,22 +131,7 @@ def run_batch(config: SimConfig, seeds: Sequence[int], estimate: Estimate, max_s
     return batch
 
 
-def _as_estimate(value: Any, nn: str, n: int) -> np.ndarray:
-    out = np.asarray(value, dtype=np.float64)
-    if out.shape != (n,):
-        if out.size == n and out.ndim == 2:
-            return out.reshape(n)
-        raise PerceptionError(nn, f"returned shape {out.shape}; expected ({n},), one estimate per episode")
-    return out
-
-
-def _to_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
-class LaneKeepEvaluator(Application):
+class LaneKeepEvaluator(closed_loop.LockstepEvaluator):
     """The LaneKeep application; it keeps the application protocol, :class:`qaopt.calibrate.protocols.Application`.
 
     Three NNs read one front camera: ``lane`` (lateral offset of the lane centre at
@@ -164,112 +153,27 @@ class LaneKeepEvaluator(Application):
     ``distance_m``, and the pass/fail count ``violations`` = collisions + departures +
     missed stops + 1 if the run was more than ``time_ratio_bound`` times slower than the
     ideal driver (or never reached the goal).
+
+    The ``stop`` injector receives 0/1 truth and returns 0/1 decisions or
+    probabilities (the stack thresholds at 0.5). Recorded frames are 160x120 (58 kB
+    each as uint8; 16 drives x 100 steps = 92 MB).
     """
 
     nn_names: tuple[str, ...] = NN_NAMES
+    title = "LaneKeep"
+    rules = RULES
+    perception_error = PerceptionError
+    injector_salt = 0x1A9E
 
     def __init__(self, **params: Any):
         self.config = SimConfig.from_params(**params)
         self.params = params
 
-    def __repr__(self) -> str:
-        return f"LaneKeepEvaluator({', '.join(f'{k}={v!r}' for k, v in self.params.items())})"
+    def _run(self, seeds: list[int], estimate: Estimate, max_steps: int | None = None) -> Batch:
+        return run_batch(self.config, seeds, estimate, max_steps)
 
-    def _check_names(self, names: Sequence[str], what: str) -> None:
-        for name in names:
-            if name not in self.nn_names:
-                raise PerceptionError(name, f"not an NN of LaneKeep; {what} takes {', '.join(self.nn_names)}")
-
-    def evaluate(self, injectors: Mapping[str, Injector], seeds: Sequence[int]) -> list[dict[str, float]]:
-        """Error-injection runs: each NN outputs ``injector(truth, rng, step)``; NNs left out are perfect.
-
-        The ``stop`` injector receives 0/1 truth and returns 0/1 decisions or
-        probabilities (the stack thresholds at 0.5).
-        """
-        self._check_names(list(injectors), "evaluate")
-        seeds = RULES.seeds(seeds)
-        n = len(seeds)
-        plan = []
-        for i, name in enumerate(self.nn_names):
-            rng = np.random.default_rng(np.random.SeedSequence([0x1A9E, *seeds], spawn_key=(i,)))
-            plan.append((i, name, injectors.get(name), rng))
-        out = np.empty((3, n))
-
-        def estimate(step: int, batch: Batch) -> np.ndarray:
-            for i, name, injector, rng in plan:
-                truth = batch.truth[i, :n]
-                out[i] = truth if injector is None else _as_estimate(injector(truth.copy(), rng, step), name, n)
-            return out
-
-        return run_batch(self.config, seeds, estimate).records(self.config)
-
-    def evaluate_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], render_threads: int = 1) -> list[dict[str, float]]:
-        """Perception-in-the-loop runs: each NN in ``nns`` reads the rendered camera frames.
-
-        All unfinished episodes' frames of a step go to each NN as one batch; NNs left
-        out are perfect. ``render_threads`` > 1 renders a step's frames in parallel
-        (the renderer releases the GIL); it never changes the results.
-        """
-        self._check_names(list(nns), "evaluate_perception")
-        seeds = RULES.seeds(seeds)
-        camera = FrameSource(self.config, seeds, render_threads)
-        plan = [(i, nns.get(name), name) for i, name in enumerate(self.nn_names)]
-        n = len(seeds)
-        out = np.empty((3, n))
-
-        def estimate(step: int, batch: Batch) -> np.ndarray:
-            out[:] = batch.truth[:, :n]
-            active = np.flatnonzero(batch.active)
-            if active.size == 0 or all(nn is None for _, nn, _ in plan):
-                return out
-            images = camera.frames(batch, active, step)
-            for i, nn, name in plan:
-                if nn is not None:
-                    out[i, active] = _as_estimate(_to_numpy(nn(images)), name, active.size)
-            return out
-
-        return run_batch(self.config, seeds, estimate).records(self.config)
-
-    def record_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], steps: int = 100,
-                          render_threads: int = 1) -> dict[str, Recording]:
-        """On-policy drives: ``nns`` drive (NNs left out are perfect) and every frame is kept with its truth.
-
-        One drive per seed of at most ``steps`` perception steps; the frames are those
-        ``evaluate_perception`` would render for the same seeds. The three NNs read the
-        same camera, so their recordings share one uint8 :class:`~qaopt.simulators.frames.FrameArray`
-        (160x120 frames: 58 kB each; 16 drives x 100 steps = 92 MB).
-        """
-        self._check_names(list(nns), "record_perception")
-        seeds = RULES.seeds(seeds)
-        RULES.integer(steps, "steps", 2, " (a drive needs consecutive frames)")
-        camera = FrameSource(self.config, seeds, render_threads)
-        cam = self.config.camera
-        n = len(seeds)
-        frames = np.empty((n, steps, cam.height_px, cam.width_px, 3), dtype=np.uint8)
-        truth = np.empty((n, steps, 3))
-        kept = np.zeros(n, dtype=int)
-        plan = [(i, nns.get(name), name) for i, name in enumerate(self.nn_names)]
-        out = np.empty((3, n))
-
-        def estimate(step: int, batch: Batch) -> np.ndarray:
-            out[:] = batch.truth[:, :n]
-            active = np.flatnonzero(batch.active)
-            frames[active, step] = camera.frames_uint8(batch, active, step)
-            truth[active, step] = batch.truth[:, active].T
-            kept[active] += 1
-            images = to_chw_float(frames[active, step])
-            for i, nn, name in plan:
-                if nn is not None:
-                    out[i, active] = _as_estimate(_to_numpy(nn(images)), name, active.size)
-            return out
-
-        run_batch(self.config, seeds, estimate, max_steps=steps)
-        keep = np.arange(steps)[None, :] < kept[:, None]
-        images = FrameArray([frames[keep]])
-        starts = np.concatenate([[0], np.cumsum(kept)])
-        sequences = tuple(np.arange(a, b) for a, b in zip(starts[:-1], starts[1:]))
-        labels = truth[keep].astype(np.float32)
-        return {name: Recording(images, labels[:, i : i + 1], sequences) for i, name in enumerate(self.nn_names)}
+    def _camera(self, seeds: list[int], render_threads: int) -> FrameSource:
+        return FrameSource(self.config, seeds, render_threads)
 
 
 def run_episode(seed: int = 0, injectors: Mapping[str, Injector] | None = None, **params: Any) -> dict[str, float]:
@@ -277,34 +181,17 @@ def run_episode(seed: int = 0, injectors: Mapping[str, Injector] | None = None, 
     return LaneKeepEvaluator(**params).evaluate(dict(injectors or {}), [seed])[0]
 
 
-class FrameSource:
+class FrameSource(closed_loop.FrameSource):
     """Renders the camera frames of a batch's runs (one route and look per seed)."""
 
     def __init__(self, config: SimConfig, seeds: Sequence[int], threads: int = 1):
         from .render import Renderer, Scene, episode_style
 
         RULES.integer(threads, "render_threads", 1)
-        self.config = config
-        self._pool = ThreadPoolExecutor(int(threads)) if threads > 1 else None
+        super().__init__(len(seeds), config.camera.height_px, config.camera.width_px, threads)
         self.renderer = Renderer(config)
         self.scenes = [Scene.build(Route.from_seed(config.road, config.route_m, s), config) for s in seeds]
         self.styles = [episode_style(s) for s in seeds]
-        cam = config.camera
-        self._buffer = np.empty((len(seeds), cam.height_px, cam.width_px, 3), dtype=np.uint8)
 
-    def frames_uint8(self, batch: Batch, which: np.ndarray, step: int) -> np.ndarray:
-        """uint8 (len(which), H, W, 3) frames of runs ``which`` now (a reused buffer: copy to keep)."""
-        def draw(k: int) -> None:
-            b = which[k]
-            self.renderer.render(self.scenes[b], batch.state[b], self.styles[b], frame=step, out=self._buffer[k])
-
-        if self._pool is None:
-            for k in range(len(which)):
-                draw(k)
-        else:
-            list(self._pool.map(draw, range(len(which))))
-        return self._buffer[: len(which)]
-
-    def frames(self, batch: Batch, which: np.ndarray, step: int) -> np.ndarray:
-        """Float32 (len(which), 3, H, W) in [0, 1]: what the NNs of those runs see now."""
-        return to_chw_float(self.frames_uint8(batch, which, step))
+    def _draw(self, b: int, state: np.ndarray, step: int, out: np.ndarray) -> None:
+        self.renderer.render(self.scenes[b], state, self.styles[b], frame=step, out=out)

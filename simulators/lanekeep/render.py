@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit
 
 from .config import SimConfig
+from ..frenet import centre_line
 from ..hashrand import mix64, uniform, value_noise
 from .world import Route
 
@@ -116,13 +117,7 @@ class Scene:
     def build(cls, route: Route, config: SimConfig) -> Scene:
         s = np.arange(-BEHIND_M, config.route_m + VIEW_RANGE_M + DS_M, DS_M)
         kappa = route.kappa(s)
-        theta = np.concatenate([[0.0], np.cumsum(0.5 * (kappa[1:] + kappa[:-1]) * DS_M)])
-        theta -= np.interp(0.0, s, theta)
-        x = np.concatenate([[0.0], np.cumsum(0.5 * (np.cos(theta[1:]) + np.cos(theta[:-1])) * DS_M)])
-        y = np.concatenate([[0.0], np.cumsum(0.5 * (np.sin(theta[1:]) + np.sin(theta[:-1])) * DS_M)])
-        x -= np.interp(0.0, s, x)
-        y -= np.interp(0.0, s, y)
-        return cls(route, s, np.stack([x, y, theta], axis=1), config.road.lane_width_m)
+        return cls(route, s, centre_line(s, kappa, DS_M), config.road.lane_width_m)
 
     def at(self, s: float, lateral: float = 0.0) -> tuple[float, float, float]:
         """World (x, y) of the point ``lateral`` m left of the lane centre at arc ``s``, and the road's direction there."""

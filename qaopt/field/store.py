@@ -9,6 +9,8 @@ call returns, what it wrote is on disk.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -62,7 +64,7 @@ def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
         dbapi_conn.isolation_level = None  # transactions are begun below, not by pysqlite
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        cur.execute("PRAGMA journal_mode = WAL")
+        _set_wal(cur, busy_timeout_s)
         cur.execute("PRAGMA synchronous = FULL")
         cur.execute("PRAGMA foreign_keys = ON")
         cur.close()
@@ -72,6 +74,25 @@ def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _set_wal(cur, busy_timeout_s: float) -> None:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds the lock, up to the busy timeout.
+
+    SQLite can answer a journal-mode change with "database is locked" at once, without
+    waiting through the busy handler, when another process is creating or converting
+    the same file (two robots logging into one new store): retrying is what waiting
+    would have done.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class Store:

@@ -123,3 +123,17 @@ def test_record_perception_keeps_frames_and_truth_in_time_order():
     assert set(np.unique(rec["stop"].truth)) <= {0.0, 1.0}
     with pytest.raises(LaneKeepParamError, match="'steps'"):
         app.record_perception({}, [0], steps=1)
+
+
+def test_the_shipped_spec_validates(capsys):
+    """`qaopt validate examples/lanekeep.yaml`: schema, entry points, and the simulator's protocol check."""
+    from pathlib import Path
+
+    from qaopt.cli import main
+
+    spec = Path(__file__).resolve().parents[1] / "examples" / "lanekeep.yaml"
+    with pytest.raises(SystemExit) as exit_:  # --no-shapes: the NNs' data would be rendered; the reference tests load them
+        main(["validate", str(spec), "--no-shapes"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "NNs lane, stop, lead; error space (lane, stop, lead)" in out and "keeps the application protocol" in out

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qaopt.app_spec import QaoptError
+from qaopt.app_spec.nn_errors import CLASS_METRICS
 
 
 def train(
@@ -61,7 +62,8 @@ def train(
                 raise QaoptError(f"{spec}: nns.{name}: loading or training the NN raised {type(exc).__name__}: {exc}") from exc
             pred = predict_torch(target.model, target.data.x_val)
         error = target.metric(pred, target.data.y_val)
-        unit = next((o.unit for o in nn_spec.outputs if o.name == nn_spec.error_metric.output), "")
+        unit = "rate" if nn_spec.error_metric.kind in CLASS_METRICS else next(
+            (o.unit for o in nn_spec.outputs if o.name == nn_spec.error_metric.output), "")
         table.add_row(name, f"{nn_spec.error_metric.kind} of {nn_spec.error_metric.output}", f"{error:.4g}",
                       unit, str(len(target.data.x_val)),
                       f"{_macs(target) / 1e6:.1f}", f"{time.perf_counter() - start:.0f}")

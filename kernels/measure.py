@@ -14,15 +14,15 @@ Protocol (the same for every backend and device):
    with ``number`` chosen so a sample lasts at least ``min_sample_ms`` (timer
    resolution and launch jitter become negligible), while an
    :class:`InterferenceProbe` watches what else ran on those cores.
-5. When other processes (or the hypervisor) took more than
-   ``max_interference`` of the cores, measure again (``retries`` times); keep
-   the least disturbed attempt, and mark it untrusted when even that one was
-   disturbed or its median is uncertain by more than ``max_rel_ci``. On CPU,
-   a fixed reference kernel (:class:`SpeedReference`) is timed on the same
-   cores before and after the samples: when the machine ran it more than
-   ``max_slowdown`` slower than its best since boot, the measurement is
-   untrusted too (a virtual machine slows down as a whole, for minutes, and
-   ``/proc/stat`` does not show it).
+5. On CPU, a fixed reference kernel (:class:`SpeedReference`) is timed on the
+   same cores before and after the samples. When other processes (or the
+   hypervisor) took more than ``max_interference`` of the cores, or the machine
+   ran the reference more than ``max_slowdown`` slower than its best since boot
+   (a virtual machine slows down as a whole, for minutes, and ``/proc/stat``
+   does not show it), measure again (``retries`` times, ``retry_wait_s`` apart);
+   keep a clean attempt, else the least disturbed, and mark it untrusted when
+   even that one was disturbed or slowed, or its median is uncertain by more
+   than ``max_rel_ci``.
 6. Report the median with its distribution-free confidence interval (order
    statistics), the inter-quartile range, the trust flag and why, the epoch
    (the process that measured), the peak memory of the model while it runs, and
@@ -111,7 +111,8 @@ class Protocol:
     ``retry_wait_s``) and, still disturbed, marked untrusted; ``max_rel_ci`` the
     relative half-width of the median's interval beyond which it is untrusted;
     ``max_slowdown`` how much slower than its best the machine may run the
-    reference kernel (CPU) before a measurement is untrusted.
+    reference kernel (CPU) before a measurement is retried the same way and,
+    still slowed, marked untrusted.
     """
 
     warmup: int = 5
@@ -468,24 +469,26 @@ def measure_callable(
             _warm_up(call, sync, protocol)
             peak = read()
             number = _calls_per_sample(call, sync, protocol.min_sample_ms)
-            slowdowns = [reference.slowdown()] if reference is not None else []
             attempts: list[_Attempt] = []
             for attempt in range(1 + max(0, protocol.retries)):
                 if attempt:
                     time.sleep(protocol.retry_wait_s)
-                attempts.append(_sample(call, sync, number, protocol, meter, probe))
-                if not _disturbed(attempts[-1].interference, protocol):
+                before = reference.slowdown() if reference is not None else None
+                sampled = _sample(call, sync, number, protocol, meter, probe)
+                after = reference.slowdown() if reference is not None else None
+                attempts.append(replace(sampled, slowdown=None if before is None else max(before, after)))
+                if not _spoiled(attempts[-1], protocol):
                     break
-            if reference is not None:
-                slowdowns.append(reference.slowdown())
     except MeasurementError:
         raise
     except Exception as exc:
         raise MeasurementError(f"backend '{backend}': running the model on {device} failed: {type(exc).__name__}: {exc}") from exc
-    best = min(attempts, key=lambda a: a.interference.total if a.interference is not None else 0.0)
+    # A clean attempt if there is one; among the spoiled ones, the least disturbed, then the least slowed.
+    best = min(attempts, key=lambda a: (_spoiled(a, protocol), a.interference.total if a.interference is not None
+                                        else 0.0, a.slowdown or 0.0))
     median, spread = median_and_spread(best.samples)
     ci = median_interval(best.samples)
-    slowdown = max(slowdowns) if slowdowns else None
+    slowdown = best.slowdown
     why = untrusted_reason(best.interference, median, ci, protocol, len(attempts), slowdown=slowdown)
     return Measurement(
         backend=backend,
@@ -513,6 +516,8 @@ class _Attempt:
     samples: list[float]
     energy_mj: float | None
     interference: Interference | None
+    slowdown: float | None = None
+    """The speed reference's worst slowdown just before and just after the samples (``None``: no reference)."""
 
 
 def _warm_up(call: Callable[[], Any], sync: Callable[[], None], protocol: Protocol) -> None:
@@ -553,6 +558,12 @@ def _sample(call: Callable[[], Any], sync: Callable[[], None], number: int, prot
 
 def _disturbed(interference: Interference | None, protocol: Protocol) -> bool:
     return interference is not None and interference.total > protocol.max_interference
+
+
+def _spoiled(attempt: _Attempt, protocol: Protocol) -> bool:
+    """Worth measuring again: other work took the cores, or the whole machine ran slower than its best."""
+    slowed = attempt.slowdown is not None and attempt.slowdown > protocol.max_slowdown
+    return _disturbed(attempt.interference, protocol) or slowed
 
 
 def untrusted_reason(interference: Interference | None, median: float, ci: tuple[float, float], protocol: Protocol,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 from qaopt.calibrate.protocols import Application, Injector, Perception
-from tinyapp import LIMIT, STEPS, WINDOW, TinyData, _drive, _images, tiny_data, tiny_net
+from tinyapp import LIMIT, STEPS, WINDOW, TinyData, _drive, _images, fit, tiny_data, tiny_net
 from torch import nn
 
 NAMES = ("a", "b", "stop")
@@ -69,18 +69,7 @@ class DetectorNet(nn.Module):
 def detector_net(steps: int = 100) -> DetectorNet:
     """A trained detector (deterministic), outputting the probability that a sign is in view."""
     torch.manual_seed(0)
-    model = DetectorNet()
-    data = detector_data()
-    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        idx = torch.randint(0, len(x), (64,), generator=g)
-        loss = nn.functional.binary_cross_entropy(model(x[idx]), y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
+    return fit(DetectorNet(), detector_data(), nn.functional.binary_cross_entropy, 2e-2, steps)
 
 
 class Detector3Evaluator(Application):

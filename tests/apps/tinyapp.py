@@ -75,21 +75,24 @@ class TinyNet(nn.Module):
         return self.head(self.features(x))
 
 
-def tiny_net(target: str = "a", steps: int = 150) -> TinyNet:
-    """A trained TinyNet (deterministic: fixed seed, single thread)."""
-    torch.manual_seed(0)
-    model = TinyNet()
-    data = tiny_data(target)
+def fit(model: nn.Module, data: TinyData, loss, lr: float, steps: int) -> nn.Module:
+    """Train ``model`` on ``data``'s training split with Adam, batches of 64 drawn from a fixed seed; eval mode."""
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         idx = torch.randint(0, len(x), (64,), generator=g)
-        loss = nn.functional.l1_loss(model(x[idx]), y[idx])
+        value = loss(model(x[idx]), y[idx])
         opt.zero_grad()
-        loss.backward()
+        value.backward()
         opt.step()
     return model.eval()
+
+
+def tiny_net(target: str = "a", steps: int = 150) -> TinyNet:
+    """A trained TinyNet (deterministic: fixed seed, single thread)."""
+    torch.manual_seed(0)
+    return fit(TinyNet(), tiny_data(target), nn.functional.l1_loss, 1e-2, steps)
 
 
 class TinyEvaluator(Application):

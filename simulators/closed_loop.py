@@ -16,6 +16,7 @@ perfect NNs would output now).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -32,16 +33,16 @@ Estimate = Callable[[int, Any], np.ndarray]
 """``(step, batch) -> (len(nn_names), B)`` outputs of the NNs for the batch's B runs (rows follow ``nn_names``)."""
 
 
-class FrameSource:
+class FrameSource(ABC):
     """Renders the camera frames of a batch's runs; an application's subclass draws one frame (:meth:`_draw`)."""
 
     def __init__(self, n: int, height: int, width: int, threads: int = 1):
         self._pool = ThreadPoolExecutor(int(threads)) if threads > 1 else None
         self._buffer = np.empty((n, height, width, 3), dtype=np.uint8)
 
+    @abstractmethod
     def _draw(self, b: int, state: np.ndarray, step: int, out: np.ndarray) -> None:
         """Draw run ``b`` (its state row ``state``) at perception step ``step`` into ``out``."""
-        raise NotImplementedError
 
     def frames_uint8(self, batch: Any, which: np.ndarray, step: int) -> np.ndarray:
         """uint8 (len(which), H, W, 3) frames of runs ``which`` now (a reused buffer: copy to keep)."""
@@ -75,12 +76,13 @@ class LockstepEvaluator(Application):
     injector_salt: int
     """Mixed with the seed list into the injectors' random generators (one stream per NN)."""
 
+    @abstractmethod
     def _run(self, seeds: list[int], estimate: Estimate, max_steps: int | None = None) -> Any:
         """Run one episode per seed with the NNs' outputs from ``estimate``; return the final batch."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _camera(self, seeds: list[int], render_threads: int) -> FrameSource:
-        raise NotImplementedError
+        """The renderer of these runs' frames, drawing on ``render_threads`` threads."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.params.items())})"

@@ -9,6 +9,7 @@ live here; the application supplies how to start, advance, reward, observe and d
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import gymnasium as gym
@@ -18,7 +19,7 @@ from gymnasium import spaces
 from .errors import AppParamError
 
 
-class LockstepEnv(gym.Env):
+class LockstepEnv(gym.Env, ABC):
     """A one-episode env over an application's batch; a subclass implements the ``_`` hooks below."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
@@ -47,26 +48,29 @@ class LockstepEnv(gym.Env):
         else:
             self.observation_space = spaces.Box(low=np.array(truth[0], dtype=np.float32), high=np.array(truth[1], dtype=np.float32))
 
+    @abstractmethod
     def _start(self, seed: int) -> Any:
         """The batch of episode ``seed`` alone."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _advance(self, action: np.ndarray) -> None:
         """Move the episode one perception period with the (clipped) ``action``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _outcome(self, before: np.ndarray, after: np.ndarray) -> tuple[float, bool, bool]:
         """(reward, terminated, truncated) of a step from state row ``before`` to ``after``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _frame(self) -> np.ndarray:
-        raise NotImplementedError
+        """The episode's camera frame now, uint8 (H, W, 3)."""
 
+    @abstractmethod
     def _truth(self) -> np.ndarray:
-        raise NotImplementedError
+        """The NNs' true outputs now: the ``truth`` observation."""
 
+    @abstractmethod
     def _info(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The step's ``info``: the episode's QoS so far."""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)

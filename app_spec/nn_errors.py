@@ -114,12 +114,18 @@ def _codes(values: np.ndarray, kind: str) -> np.ndarray:
     return c
 
 
+def class_codes(kind: str) -> tuple[int, int]:
+    """``(error, correct)``: the confusion codes of the frames a class metric is conditioned on (a miss rate counts
+    misses among misses and true positives; a false-alarm rate, false alarms among them and true negatives)."""
+    return (MISS, TRUE_POSITIVE) if kind == "miss_rate" else (FALSE_ALARM, TRUE_NEGATIVE)
+
+
 def class_rate(kind: str, codes: np.ndarray) -> float:
     """``miss_rate`` or ``false_alarm_rate`` of confusion codes (any shape); 0.0 when no frame has the conditioning class."""
     import numpy as np
 
     c = _codes(codes, kind)
-    err, ok = (MISS, TRUE_POSITIVE) if kind == "miss_rate" else (FALSE_ALARM, TRUE_NEGATIVE)
+    err, ok = class_codes(kind)
     errors, n = int(np.count_nonzero(c == err)), int(np.count_nonzero((c == err) | (c == ok)))
     return errors / n if n else 0.0
 

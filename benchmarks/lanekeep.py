@@ -74,19 +74,13 @@ def part_loop(seeds: int) -> dict:
     import torch
 
     from qaopt.app_spec import load_entry_point
+    from qaopt.simulators.perception import torch_perception
     from qaopt.spec_adapter import make_evaluator
 
     torch.set_num_threads(2)
     spec = _spec()
     evaluator = make_evaluator(spec)
-
-    def perception(model):
-        def run(x: np.ndarray) -> np.ndarray:
-            with torch.inference_mode():
-                return model(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
-        return run
-
-    nns = {n: perception(load_entry_point(s.model)(**s.args).eval()) for n, s in spec.nns.items()}
+    nns = {n: torch_perception(load_entry_point(s.model)(**s.args)) for n, s in spec.nns.items()}
     seed_list = list(range(20_000, 20_000 + seeds))
     start = time.perf_counter()
     records = []

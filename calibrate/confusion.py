@@ -41,15 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from qaopt.app_spec.nn_errors import (
-    CLASS_METRICS,
-    CODES,
-    FALSE_ALARM,
-    LABEL_THRESHOLD,
-    MISS,
-    TRUE_NEGATIVE,
-    TRUE_POSITIVE,
-)
+from qaopt.app_spec.nn_errors import CLASS_METRICS, CODES, LABEL_THRESHOLD, class_codes
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector
 
@@ -144,7 +136,7 @@ class BurstStatistics:
 
 def burst_statistics(codes: Sequence[np.ndarray], kind: str) -> BurstStatistics:
     """The :class:`BurstStatistics` of ``kind`` (``miss_rate`` / ``false_alarm_rate``) in time-ordered code sequences."""
-    err, ok = (MISS, TRUE_POSITIVE) if kind == "miss_rate" else (FALSE_ALARM, TRUE_NEGATIVE)
+    err, ok = class_codes(kind)
     errors = frames = bursts = 0
     for seq in codes:
         c = np.asarray(seq, dtype=float).ravel()

@@ -18,8 +18,8 @@ def compile(model: Any, example_inputs: Sequence[Any], target: Target, *, cache_
     ``incumbent_ms``: the best latency the caller already has for comparable
     candidates; tuning that cannot beat it is skipped. ``runnable_on``: the backends
     (spec names) that have kernels for this model's dtype; ``auto`` measures only those,
-    so that it never spends compile or tuning time on a backend that would emulate the
-    dtype in float (TVM importing an int8 QDQ graph, say).
+    so that it never spends compile or tuning time on a backend that cannot run the
+    dtype or would emulate it in float.
     """
     options: dict[str, Any] = {"cache_dir": cache_dir, "incumbent_ms": incumbent_ms}
     if target.backend == "auto" and runnable_on is not None:

@@ -39,7 +39,8 @@ from .errors import BuildError
 from .measure import device_lock
 from .registry import backend_version
 from .target import host_cpu_info
-from .tvm_build import host_cpu
+from .tvm_build import Prepared, host_cpu
+from .tvm_int8 import load_tensor_intrinsics
 
 # --------------------------------------------------------------------------- builder and runner
 
@@ -239,6 +240,11 @@ def model_flops(prepared_mod: Any) -> float:
     return total
 
 
+INT8_PEAK_FACTOR = 4
+"""How much faster than fp32 FMA the integer convolutions may run: ``vpdpbusd`` does 64 uint8 x int8 multiply-adds
+per instruction where an FMA does 16 fp32 ones. An upper bound, so the skip test below stays optimistic."""
+
+
 def cpu_peak_gflops(threads: int | None = None) -> float:
     """fp32 peak of the host CPU: cores x clock x FMA lanes x 2.
 
@@ -322,7 +328,7 @@ class SurveyTuner:
         self.population = population
         self.seed = seed
 
-    def tune(self, prepared: Any, evaluate: Callable[[Any], float], *, trials: int, seconds: float | None,
+    def tune(self, prepared: Prepared, evaluate: Callable[[Any], float], *, trials: int, seconds: float | None,
              runner: Any, threads: int | None, incumbent_ms: float | None = None) -> tuple[TuningReport, Any]:
         """Tune, and return the report and the database to build with (``None``: the untuned build is faster).
 
@@ -340,7 +346,8 @@ class SurveyTuner:
             tunable = [t for t in tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
             cold = [t for t in tunable if not self.database.known(db, t)]
             report.tasks, report.hits = len(tunable), len(tunable) - len(cold)
-            optimistic_ms = report.flops / (self.attainable * cpu_peak_gflops(threads) * 1e9) * 1e3
+            peak = cpu_peak_gflops(threads) * (INT8_PEAK_FACTOR if prepared.integer_convolutions else 1)
+            optimistic_ms = report.flops / (self.attainable * peak * 1e9) * 1e3
             if incumbent_ms is not None and optimistic_ms >= incumbent_ms:
                 report.stopped = (f"skipped: even at {self.attainable:.0%} of peak ({optimistic_ms:.2f} ms) "
                                   f"it cannot beat the incumbent {incumbent_ms:.2f} ms")
@@ -360,6 +367,7 @@ class SurveyTuner:
                 trials: int, seconds: float | None, runner: Any) -> None:
         from tvm.s_tir import meta_schedule as ms
 
+        load_tensor_intrinsics()
         per_round = self.round_trials_per_task * len(cold)
         builder = _pooled_builder(self.builder_workers, timeout_s=60.0)
         cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True)

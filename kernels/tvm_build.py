@@ -24,6 +24,7 @@ from .errors import BuildError, UnsupportedOperatorError
 from .model import Model, describe, is_onnx, module_of, param_bytes_of, torch_inputs, unsupported
 from .onnx import onnx_param_bytes
 from .target import Target
+from .tvm_int8 import integer_convolutions, keep_packed_weights, load_tensor_intrinsics
 
 _TORCH_UNSUPPORTED = re.compile(r"Unsupported function types \[(.*)\]")
 _ONNX_UNSUPPORTED = re.compile(r"not supported for frontend ONNX: (.*)")
@@ -61,6 +62,8 @@ class Prepared:
     target: Any  # tvm.target.Target
     name: str
     param_bytes: int
+    integer_convolutions: int = 0
+    """Quantized convolutions running as integer kernels (:mod:`.tvm_int8`); the rest of an int8 graph runs in float."""
 
 
 def prepare(model: Model, example_inputs: Sequence[Any], target: Target, backend: str = "tvm") -> Prepared:
@@ -70,6 +73,7 @@ def prepare(model: Model, example_inputs: Sequence[Any], target: Target, backend
     from tvm.relax import transform as T
 
     mod = _import(model, example_inputs, backend)
+    mod, integer = integer_convolutions(mod) if is_onnx(model) else (mod, 0)
     ttarget = tvm_target(target)
     try:
         with ttarget:
@@ -77,9 +81,11 @@ def prepare(model: Model, example_inputs: Sequence[Any], target: Target, backend
                 T.DecomposeOpsForInference(), T.CanonicalizeBindings(), relax.get_pipeline("zero"),
                 T.AttachAttrLayoutFreeBuffers(),
             ])(mod)
+            if integer:
+                mod = keep_packed_weights(mod)
     except Exception as exc:
         raise BuildError(f"{describe(model)}: backend '{backend}' could not lower the model: {type(exc).__name__}: {exc}") from exc
-    return Prepared(mod, ttarget, describe(model), _param_bytes(model))
+    return Prepared(mod, ttarget, describe(model), _param_bytes(model), integer)
 
 
 def _import(model: Model, example_inputs: Sequence[Any], backend: str) -> Any:
@@ -136,6 +142,7 @@ def build(prepared: Prepared, database: Any = None) -> Any:
     try:
         mod = prepared.mod
         if database is not None:
+            load_tensor_intrinsics()  # tuned schedules may tensorize
             with prepared.target, database:
                 mod = tvm.transform.Sequential([
                     T.MetaScheduleApplyDatabase(), T.SplitLayoutRewritePreproc(), T.LiftTransformParams(), T.FoldConstant(),

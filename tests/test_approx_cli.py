@@ -72,7 +72,7 @@ def test_sweep_of_dtypes_includes_int8(qaopt):
         (("--nn", "heading", "--values", "0.5"), "backbone.7: 0.5", "knob 'per_layer.backbone.7'"),
         (("--nn", "lidar",), "", "no NN named 'lidar'"),
         (("--nn", "heading", "--knob", "sparsity", "--values", "1"), "", "knob 'sparsity': no such knob"),
-        (("--nn", "heading", "--knob", "quantization", "--values", "fp32,int8"), "", "knob 'dtype': int8 has no kernels on backend 'tvm'"),
+        (("--nn", "heading", "--knob", "quantization", "--values", "fp32,bf16"), "", "knob 'dtype': bf16 has no kernels on backend 'tvm'"),
     ],
 )
 def test_bad_input_is_one_line_naming_nn_and_knob(tmp_path, monkeypatch, args, per_layer, message, capsys):

@@ -127,7 +127,9 @@ def test_sampling_follows_the_spec_and_the_profile_caps():
     assert space.params_of(Knobs(), "heading") == {"heading.prune_ratio": 0.0, "heading.dtype": "fp32"}
     assert [p["dtype"] for p in space.probes()] == ["fp32", "bf16", "int8"]
     tvm = KnobSpace.from_section(spec.knobs_for("heading"), SearchLimits(backend="tvm"))
-    assert tvm.probes() == [{"dtype": "fp32"}]
+    assert tvm.probes() == [{"dtype": "fp32"}, {"dtype": "int8"}]  # TVM has no bf16 kernels
+    torch_only = KnobSpace.from_section(spec.knobs_for("heading"), SearchLimits(backend="torch"))
+    assert torch_only.probes() == [{"dtype": "fp32"}, {"dtype": "bf16"}]
 
 
 def test_describe_gives_the_report_one_column_per_knob():

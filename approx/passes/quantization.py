@@ -35,9 +35,10 @@ DTYPES: dict[str, DtypeInfo] = {
     "bf16": DtypeInfo("bfloat16", ("torch", "torch-compile", "openvino")),
     # fp16 is native on GPUs; x86 CPUs without AVX-512 FP16 emulate it (slower than fp32).
     "fp16": DtypeInfo("float16", ("torch", "torch-compile")),
-    # int8 runs integer (VNNI) kernels through the static QDQ graph, on ONNX Runtime and OpenVINO:
-    # see docs/quantization.md for the routes measured.
-    "int8": DtypeInfo(None, ("onnxruntime", "openvino")),
+    # int8 runs integer (VNNI) kernels through the static QDQ graph, on ONNX Runtime and OpenVINO
+    # (docs/quantization.md has the routes measured), and on TVM, whose import qaopt rewrites into
+    # integer convolutions (docs/latency.md, "TVM and int8").
+    "int8": DtypeInfo(None, ("onnxruntime", "openvino", "tvm")),
 }
 """The one list of dtypes a candidate may take."""
 

@@ -6,6 +6,8 @@ the machine and timing: no assertion here depends on how fast anything ran.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from qaopt.kernels import CpuLoadProbe, Interference, Protocol, measure_callable, median_interval
@@ -140,7 +142,7 @@ class ScriptedReference(SpeedReference):
 
     def __init__(self, folder, *ms: float):
         self.times, self.calls = list(ms), 0
-        super().__init__(1, kernel=self._next, folder=folder)
+        super().__init__([0], kernel=self._next, folder=folder)
 
     def _next(self) -> float:
         self.calls += 1
@@ -182,8 +184,25 @@ def test_the_best_reference_time_is_kept_across_processes_and_lowered_when_beate
     assert ScriptedReference(tmp_path, 3.0).slowdown() == pytest.approx(0.5)
     assert ScriptedReference(tmp_path, 1.0).slowdown() == 0.0  # faster: the new best
     assert ScriptedReference(tmp_path, 2.0).slowdown() == pytest.approx(1.0)
-    other = SpeedReference(2, kernel=lambda: 5.0, folder=tmp_path)  # another core count: its own best
+    other = SpeedReference([0, 0], kernel=lambda: 5.0, folder=tmp_path)  # another core count: its own best
     assert other.slowdown() == 0.0
+
+
+def test_the_slowest_measured_core_sets_the_slowdown(tmp_path):
+    """One slowed core slows a parallel NN by as much; the fastest core still lowers the kept best."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        pytest.skip("needs two cores this process may use")
+    seen: list[set[int]] = []
+
+    def kernel() -> float:
+        seen.append(os.sched_getaffinity(0))
+        return 1.0 if len(seen) == 1 else 1.5
+
+    mask = os.sched_getaffinity(0)
+    assert SpeedReference(cores, kernel=kernel, folder=tmp_path).slowdown() == pytest.approx(0.5)
+    assert seen == [{cores[0]}, {cores[1]}]  # each timed on its own core
+    assert os.sched_getaffinity(0) == mask  # and the thread's cores restored
 
 
 def test_an_unreadable_best_is_replaced_not_fatal(tmp_path):

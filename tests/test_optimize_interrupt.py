@@ -19,7 +19,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from optuna.trial import TrialState
 from rich.console import Console
 

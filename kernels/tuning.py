@@ -180,8 +180,19 @@ class TuningDatabase:
         return cls(root / content_hash(str(target), dict(machine or {}), backend_version("tvm")), target)
 
     def open(self) -> Any:
+        """The database, with TVM's tensor intrinsics registered first when a record tensorizes.
+
+        Loading a record replays its trace, and a trace that names an intrinsic not
+        registered in this process fails the whole load ("TensorIntrin 'dot_16x4_vnni'
+        is not registered"): an int8 candidate's records would break every later
+        tuning run on the target. Parsing the intrinsics costs 10-20 s, so it is paid
+        only when a record needs them.
+        """
         from tvm.s_tir import meta_schedule as ms
 
+        records = self.path / "database_tuning_record.json"
+        if records.exists() and '"Tensorize"' in records.read_text():
+            load_tensor_intrinsics()
         return ms.database.JSONDatabase(work_dir=str(self.path))
 
     def known(self, db: Any, task: Any) -> bool:

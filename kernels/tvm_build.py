@@ -24,7 +24,7 @@ from .errors import BuildError, UnsupportedOperatorError
 from .model import Model, describe, is_onnx, module_of, param_bytes_of, torch_inputs, unsupported
 from .onnx import onnx_param_bytes
 from .target import Target
-from .tvm_int8 import integer_convolutions, keep_packed_weights, load_tensor_intrinsics
+from .tvm_int8 import integer_convolutions, keep_packed_weights
 
 _TORCH_UNSUPPORTED = re.compile(r"Unsupported function types \[(.*)\]")
 _ONNX_UNSUPPORTED = re.compile(r"not supported for frontend ONNX: (.*)")
@@ -141,8 +141,7 @@ def build(prepared: Prepared, database: Any = None) -> Any:
 
     try:
         mod = prepared.mod
-        if database is not None:
-            load_tensor_intrinsics()  # tuned schedules may tensorize
+        if database is not None:  # opened by TuningDatabase.open, which registered any intrinsic its records use
             with prepared.target, database:
                 mod = tvm.transform.Sequential([
                     T.MetaScheduleApplyDatabase(), T.SplitLayoutRewritePreproc(), T.LiftTransformParams(), T.FoldConstant(),

@@ -283,9 +283,9 @@ def _integer_conv(x: Any, weight: Any, offset: Any, multiplier: Any, *, strides:
 def load_tensor_intrinsics() -> bool:
     """Register TVM's tensor intrinsics, with ``dot_16x4_vnni`` made to compile; True when it had to be replaced.
 
-    Tuning (MetaSchedule's tune context imports them) and building from a tuning
-    database (its schedules may tensorize) both need them; parsing them costs
-    10-20 s once per process.
+    Tuning (MetaSchedule's tune context imports them) and loading a tuning database
+    whose records tensorize both need them; parsing them costs 10-20 s once per
+    process.
 
     TVM 0.27 declares the intrinsic's ``vpdpbusd`` operands as ``int32x16``; the
     LLVM it ships (22) declares ``llvm.x86.avx512.vpdpbusd.512`` on ``<64 x i8>``,

@@ -9,7 +9,7 @@ import torch
 
 from qaopt import kernels
 from qaopt.approx.quantize import quantize_int8
-from qaopt.kernels import Target
+from qaopt.kernels import Target, TuningBudget
 from qaopt.kernels import tvm_int8
 from qaopt.kernels.target import host_cpu_info
 from qaopt.kernels.tvm_build import prepare
@@ -100,3 +100,38 @@ def test_vnni_intrinsic_compiles_and_computes_the_integer_convolution():
             expected += np.einsum("oi,iyx->oyx", w[:, :, dy, dx].astype(np.int64), padded[:, dy:dy + 6, dx:dx + 6])
     got = result.numpy()[0].transpose(0, 3, 1, 2).reshape(32, 6, 6)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_an_int8_graph_tunes_end_to_end_and_its_packed_weights_keep_their_layout(tmp_path):
+    """MetaSchedule's layout rewrite of the packed weights once ended every int8 tuning run (TVM's ArgInfo check)."""
+    import tvm
+
+    path = _quantized(tmp_path, _convnet())
+    prepared = prepare(path, [X], Target(threads=1))
+    for gv, func in prepared.mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and tvm_int8._has_block(func, tvm_int8.CONV_BLOCK):
+            assert "layout_free_buffers" not in (func.attrs or {}), gv.name_hint
+    compiled = kernels.compile(path, [X], Target(threads=1, backend="tvm", tuning=TuningBudget(trials=16)),
+                               cache_dir=tmp_path / "cache")
+    assert compiled.tuning.trials > 0 and compiled.tuning.rounds
+    ort = kernels.compile(path, [X], Target(threads=1, backend="onnxruntime")).run(X)[0]
+    np.testing.assert_allclose(compiled.run(X)[0], ort, atol=np.abs(ort).max() / 50)
+
+
+def test_a_database_whose_records_tensorize_registers_the_intrinsics_before_loading(tmp_path, monkeypatch):
+    """A fresh process once failed to load a database holding int8 records ("TensorIntrin ... is not registered")."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from qaopt.kernels import tuning
+
+    events: list[str] = []
+    monkeypatch.setattr(tuning, "load_tensor_intrinsics", lambda: events.append("intrinsics"))
+    monkeypatch.setattr(ms.database, "JSONDatabase", lambda work_dir: events.append("load"))
+    database = tuning.TuningDatabase(tmp_path / "db", target=None)
+    records = database.path / "database_tuning_record.json"
+    database.open()  # no records yet
+    records.write_text('[0, [[[["GetSBlock", [], ["conv", "main"], ["b0"]]]]]]\n')
+    database.open()  # records that do not tensorize: the 10-20 s of parsing are not paid
+    records.write_text('[0, [[[["Tensorize", ["b0"], ["dot_16x4_vnni", 1]]]]]]\n')
+    database.open()
+    assert events == ["load", "load", "intrinsics", "load"]

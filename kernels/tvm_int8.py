@@ -132,19 +132,13 @@ def _has_block(func: Any, name: str) -> bool:
 
 def _op(expr: Any, bindings: dict[Any, Any], name: str) -> Any:
     """The call of operator ``relax.<name>`` that ``expr`` is or is bound to, else None."""
+    import tvm
     from tvm import relax
 
     value = bindings.get(expr, expr) if isinstance(expr, relax.Var) else expr
-    if isinstance(value, relax.Call) and isinstance(value.op, _ir_op()) and value.op.name == f"relax.{name}":
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == f"relax.{name}":
         return value
     return None
-
-
-@cache
-def _ir_op() -> type:
-    import tvm
-
-    return tvm.ir.Op
 
 
 def _constant(expr: Any, bindings: dict[Any, Any]) -> np.ndarray | None:

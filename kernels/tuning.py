@@ -282,19 +282,27 @@ def cpu_peak_gflops(threads: int | None = None) -> float:
 
 @contextmanager
 def _meta_schedule_console(level: int) -> Iterator[None]:
-    """Show only ``level`` and above of MetaSchedule's console log while tuning.
+    """Show only ``level`` and above of MetaSchedule's console log while tuning, and let it set up its loggers.
 
     MetaSchedule gives its console handler the level its global logger has when a
     tuning session starts (DEBUG when unset) and prints a task table per trial batch;
-    the full per-task logs still go to ``<database>/logs``.
+    the full per-task logs still go to ``<database>/logs``. Its logger set-up lists
+    the handlers already on its global logger by name and fails on one without a
+    name ("'NoneType' object has no attribute 'format'"): an application's own handler,
+    or pytest's log capture, would end the tuning run. Those are set aside meanwhile.
     """
     ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
     saved = ms_logger.level
+    unnamed = [h for h in ms_logger.handlers if h.get_name() is None]
+    for handler in unnamed:
+        ms_logger.removeHandler(handler)
     ms_logger.setLevel(level)
     try:
         yield
     finally:
         ms_logger.setLevel(saved)
+        for handler in unnamed:
+            ms_logger.addHandler(handler)
 
 
 def stop_reason(latencies_ms: list[float], min_gain: float) -> str:
@@ -396,11 +404,11 @@ class SurveyTuner:
                 per_task = min(self.round_trials_per_task, max(1, n // len(cold)))  # every cold task gets a share
                 strategy = ms.search_strategy.EvolutionarySearch(
                     population_size=self.population, init_min_unmeasured=max(8, self.population // 4), genetic_num_iters=2)
-                contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                    cold, work_dir, strategy=strategy, seed=self.seed + len(report.rounds), num_threads=1)
                 start = time.perf_counter()
                 try:
                     with _meta_schedule_console(logging.WARNING):
+                        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                            cold, work_dir, strategy=strategy, seed=self.seed + len(report.rounds), num_threads=1)
                         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=n,
                                       max_trials_per_task=n, num_trials_per_iter=per_task,
                                       builder=builder, runner=runner, database=db, cost_model=cost_model,

@@ -78,3 +78,22 @@ def test_cold_candidate_is_measured_untuned(tmp_path):
 ])
 def test_survey_early_stop_rule(latencies, stops):
     assert bool(stop_reason(latencies, min_gain=0.05)) is stops
+
+
+def test_meta_schedule_logger_set_up_survives_a_handler_without_a_name(tmp_path):
+    """TVM's logger set-up failed on an unnamed handler (pytest's log capture put two there), ending tuning runs."""
+    import logging
+
+    from tvm.s_tir.meta_schedule.logging import create_loggers
+
+    from qaopt.kernels.tuning import _meta_schedule_console
+
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    handler = logging.NullHandler()  # an application's own handler: no name
+    logger.addHandler(handler)
+    try:
+        with _meta_schedule_console(logging.WARNING):
+            create_loggers(str(tmp_path), [{"log_dir": str(tmp_path), "logger_name": "tvm.s_tir.meta_schedule.x"}])
+        assert handler in logger.handlers  # given back afterwards
+    finally:
+        logger.removeHandler(handler)

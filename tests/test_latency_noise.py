@@ -190,9 +190,8 @@ def test_the_best_reference_time_is_kept_across_processes_and_lowered_when_beate
 
 def test_the_slowest_measured_core_sets_the_slowdown(tmp_path):
     """One slowed core slows a parallel NN by as much; the fastest core still lowers the kept best."""
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    if len(cores) < 2:
-        pytest.skip("needs two cores this process may use")
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = [allowed[0], allowed[-1]]  # two cores where the machine has them (CI may pin the suite to one)
     seen: list[set[int]] = []
 
     def kernel() -> float:

@@ -38,7 +38,7 @@ def validation_once(spec, workers: int, runs: int) -> tuple[float, float, dict]:
     from qaopt.app_spec import load_entry_point
     from qaopt.closed_loop import validate_closed_loop
     from qaopt.executor import LocalPool, ShippedNN, SpecEvaluator
-    from qaopt.spec_adapter import make_evaluator
+    from qaopt.spec_adapter import acceptance_of, goal_of, make_evaluator
 
     torch.set_num_threads(1)
     nns = {}
@@ -47,7 +47,8 @@ def validation_once(spec, workers: int, runs: int) -> tuple[float, float, dict]:
         nns[name] = ShippedNN(SimpleNamespace(key=name, module=module, onnx_path=None))
     def validate(n: int, **pool) -> tuple[float, dict]:
         start = time.perf_counter()
-        v = validate_closed_loop(make_evaluator(spec), nns, spec, n, trial=None, region_predicted_valid=True, **pool)
+        v = validate_closed_loop(make_evaluator(spec), nns, goal_of(spec), acceptance_of(spec), n, trial=None,
+                                 region_predicted_valid=True, **pool)
         return time.perf_counter() - start, {"runs": v.runs, "failures": v.failures, "verdict": v.verdict}
 
     # A run's pool lives through every stage, so validation meets started workers: the pool's start and each

@@ -21,12 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qaopt.app_spec import AppSpec
 from qaopt.application import check_method
 from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, Verdict
 from qaopt.executor import run_perception_block, workers_of
 from qaopt.result import RunMetric, Validation
-from qaopt.spec_adapter import acceptance_of, goal_of
 
 VALIDATION_SEED_BASE = 5_000_000
 """Validation seeds are disjoint from calibration's and from the seeds simulators use for their NNs'
@@ -55,7 +53,8 @@ def acceptable_failures(test: AcceptanceTest, runs: int) -> int:
 def validate_closed_loop(
     evaluator: Application,
     nns: Mapping[str, Perception],
-    spec: AppSpec,
+    goal: QoSGoal,
+    test: AcceptanceTest,
     runs: int,
     *,
     trial: int | None,
@@ -67,7 +66,7 @@ def validate_closed_loop(
     remote: Callable[[], Application] | None = None,
     on_block: Callable[[BlockProgress], None] | None = None,
 ) -> Validation:
-    """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them with the spec's acceptance test.
+    """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them by ``goal`` and the acceptance ``test``.
 
     Episodes run in blocks of the acceptance test's ``min_trials`` seeds; after each block
     the runs stop as soon as the configuration can no longer be accepted within ``runs``
@@ -83,7 +82,6 @@ def validate_closed_loop(
     ``on_block`` sees the progress after every block.
     """
     check_method(evaluator, "evaluate_perception")
-    goal, test = goal_of(spec), acceptance_of(spec)
     tolerated = acceptable_failures(test, runs)
     records: list[Mapping[str, float]] = []
     failures = 0

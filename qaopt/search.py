@@ -24,22 +24,25 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from math import inf
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import optuna
 import sqlalchemy.exc
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from qaopt import kernels
-from qaopt.app_spec import AppSpec, QaoptError
-from qaopt.approx import Candidate, Knobs, KnobSpace, SearchLimits, TargetNN, build
+from qaopt.app_spec import QaoptError
+from qaopt.approx import Candidate, Knobs, TargetNN, build
 from qaopt.calibrate import ErrorRegion
+from qaopt.events import Measured, StageEvents, TrialPhase
+from qaopt.events import Trial as TrialEvent
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
-from qaopt.profiles import Profile
+from qaopt.plan import RunPlan
 from qaopt.result import Configuration, StudySummary, TrialRecord, Validation
 
 Mode = Literal["aware", "agnostic"]
@@ -52,6 +55,8 @@ ATTR_CONFIGURATION = "configuration"
 ATTR_FAILURE = "error"
 ATTR_INFEASIBLE = "infeasible"
 """Why a trial is infeasible whatever its errors (an NN that outputs NaN)."""
+ATTR_REGION_VERSION = "region_version"
+"""The version of the region that judged the trial (:class:`VersionedRegion`)."""
 CHECK_ATTR_PREFIX = "closed_loop_check:"
 """A study attribute per in-search closed-loop check (``closed_loop_check:<trial>``): one key per trial, so
 workers sharing the study never overwrite each other's, and a resumed run sees what was checked."""
@@ -107,23 +112,59 @@ def _redact(url: str) -> str:
     return url
 
 
-@dataclass
-class SearchContext:
-    """Everything a trial needs, built once per run: the one place ``optimize`` builds candidates."""
+@dataclass(frozen=True)
+class VersionedRegion:
+    """The region trials are judged by, and its version: 0 as the run began, +1 each time closed-loop evidence
+    corrected it. Each trial records the version that judged it (``ATTR_REGION_VERSION``)."""
 
-    spec: AppSpec
-    profile: Profile
-    nns: dict[str, TargetNN]
-    target: kernels.Target
-    cache_dir: Path
+    version: int
     region: ErrorRegion
-    reference_knobs: dict[str, Knobs]
-    agnostic_tolerance: float
-    train_device: str = "cpu"
-    """Where candidates are fine-tuned and ladders built (``training.device``, resolved)."""
-    incumbent_ms: dict[Mode, float] = field(default_factory=dict)
-    _measured: dict[tuple, MeasuredConfiguration] = field(default_factory=dict, repr=False)
-    _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False)
+
+
+class RegionSource(Protocol):
+    """Whoever owns the region a study searches in (the closed-loop checks): the version to judge the next trial by."""
+
+    def current(self) -> VersionedRegion: ...
+
+
+@dataclass(frozen=True)
+class FixedRegion:
+    """A region nobody corrects during the study (the agnostic study; a run without closed-loop checks)."""
+
+    region: ErrorRegion
+
+    def current(self) -> VersionedRegion:
+        return VersionedRegion(0, self.region)
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What every trial, validation and export of a run builds and measures with: the one place ``optimize``
+    builds candidates. Immutable; its two dictionaries are memos of this process's measurements, so one
+    configuration never carries two different figures in a run.
+
+    ``space`` maps NN errors to the region's axes (:meth:`ErrorRegion.errors_of`); which region
+    judges a point is the caller's (:class:`RegionSource`).
+    """
+
+    plan: RunPlan
+    nns: Mapping[str, TargetNN]
+    space: ErrorRegion
+    _measured: dict[tuple, MeasuredConfiguration] = field(default_factory=dict, repr=False, compare=False)
+    _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def target(self) -> kernels.Target:
+        return self.plan.target
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.plan.cache_dir
+
+    @property
+    def reference_knobs(self) -> dict[str, Knobs]:
+        """Each NN with nothing approximated, under the run's seed."""
+        return {name: Knobs(seed=self.plan.seed) for name in self.nns}
 
     def examples(self) -> dict[str, np.ndarray]:
         return {name: np.zeros(nn.input_shape, dtype=np.float32) for name, nn in self.nns.items()}
@@ -131,8 +172,8 @@ class SearchContext:
     def build(self, name: str, knobs: Knobs | Mapping[str, Any]) -> Candidate:
         """NN ``name``'s candidate for ``knobs`` (a :class:`Knobs` or the dict a result stores), built or loaded."""
         knobs = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(knobs)
-        return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=_backend_name(self.target), onnx=kernels.onnx,
-                     device=self.train_device)
+        return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=self.plan.backend_name,
+                     onnx=kernels.onnx, device=self.plan.train_device)
 
     @cached_property
     def reference(self) -> dict[str, Candidate]:
@@ -144,15 +185,16 @@ class SearchContext:
         """Each reference NN's own error metric on its validation data (what accuracy-preserving compression keeps)."""
         return {name: c.error for name, c in self.reference.items()}
 
-    def measure(self, candidates: Mapping[str, Candidate], schedule: str, mode: Mode | None = None
+    def measure(self, candidates: Mapping[str, Candidate], schedule: str, incumbent_ms: float | None = None
                 ) -> MeasuredConfiguration:
         """Compile and measure a configuration once per run: both studies and the reference share it,
         so their latencies compare without measurement noise between them, and a configuration Optuna
-        samples again costs nothing and gets the same figure (the measurement cache)."""
+        samples again costs nothing and gets the same figure (the measurement memo). ``incumbent_ms``
+        (the study's fastest so far) lets kernel tuning stop where it cannot win."""
         key = (_nns_key(candidates), schedule)
         if key not in self._measured:
             self._measured[key] = measure_configuration(
-                candidates, self.examples(), schedule, self.target, self.cache_dir, self.incumbent_ms.get(mode)
+                candidates, self.examples(), schedule, self.target, self.cache_dir, incumbent_ms
             )
         return self._measured[key]
 
@@ -172,37 +214,45 @@ class SearchContext:
 
     def errors_of(self, candidates: Mapping[str, Candidate]) -> dict[str, float]:
         """The configuration's point in the region's axes (NNs not calibrated are left out)."""
-        calibrated = {a.nn for a in self.region.space.axes}
-        return self.region.errors_of(
+        calibrated = {a.nn for a in self.space.space.axes}
+        return self.space.errors_of(
             {n: np.concatenate([np.ravel(r) for r in c.residuals]) for n, c in candidates.items() if n in calibrated}
         )
 
-    def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate]) -> float:
-        """Optuna constraint value: <= 0 when feasible, else how far outside (relative)."""
+    def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate],
+                  region: ErrorRegion) -> float:
+        """Optuna constraint value: <= 0 when feasible, else how far outside (relative); ``region`` judges aware trials."""
+        tolerance = self.plan.agnostic_tolerance
         over_reference = max(
-            (c.error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - self.agnostic_tolerance for n, c in candidates.items()),
+            (c.error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - tolerance for n, c in candidates.items()),
             default=0.0,
         )
         if mode == "agnostic":
             return over_reference
-        calibrated = {a.nn for a in self.region.space.axes}
+        calibrated = {a.nn for a in region.space.axes}
         uncalibrated = [n for n in candidates if n not in calibrated]
         # An NN outside the error space has no proven headroom: it keeps its reference error.
-        if uncalibrated and max(candidates[n].error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - self.agnostic_tolerance
+        if uncalibrated and max(candidates[n].error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - tolerance
                                 for n in uncalibrated) > 0:
             return 1.0
-        if self.region.contains(errors):
+        if region.contains(errors):
             return 0.0
-        return max(1e-3, 1.0 - self.region.probability(errors))
+        return max(1e-3, 1.0 - region.probability(errors))
 
 
 class Objective:
-    """One Optuna trial: sample knobs, build, check the region, then compile, tune and measure."""
+    """One Optuna trial: sample knobs, build, check the region, then compile, tune and measure.
 
-    def __init__(self, ctx: SearchContext, mode: Mode, on_trial: Callable[[str], None] = lambda message: None):
+    The study's incumbent (its fastest feasible frame so far) is the objective's own state:
+    kernel tuning of a later candidate stops where it cannot beat it.
+    """
+
+    def __init__(self, ctx: SearchContext, mode: Mode, region: RegionSource, events: StageEvents):
         self.ctx = ctx
         self.mode = mode
-        self.on_trial = on_trial
+        self.region = region
+        self.events = events
+        self.incumbent_ms: float | None = None
         self.trial: optuna.Trial | None = None
         """The trial this process runs now (the one an interruption leaves unfinished)."""
 
@@ -212,23 +262,28 @@ class Objective:
         try:
             knobs = {name: self._knobs(trial, name) for name in ctx.nns}
             schedule = trial.suggest_categorical("schedule", list(schedules_for(len(ctx.nns), threads_of(ctx.target))))
-            self.on_trial(f"{self.mode} trial {trial.number}: building candidates")
+            self._say(trial, "building")
             candidates = {name: ctx.build(name, k) for name, k in knobs.items()}
             unusable = nonfinite(candidates)
             if unusable:
                 return self._unusable(trial, candidates, unusable)
+            judged_by = self.region.current()
             errors = ctx.errors_of(candidates)
-            violation = ctx.violation(self.mode, errors, candidates)
+            violation = ctx.violation(self.mode, errors, candidates, judged_by.region)
             trial.set_constraint("region" if self.mode == "aware" else "reference_error", violation)
             trial.set_user_attr(ATTR_ERRORS, errors)
             trial.set_user_attr(ATTR_FEASIBLE, violation <= 0)
+            trial.set_user_attr(ATTR_REGION_VERSION, judged_by.version)
             if violation > 0:
                 # Infeasible: never tuned; a quick untuned figure keeps the sampler informed.
-                latency, memory = self._quick(candidates)
+                latency, memory = ctx.quick(candidates)
+                self._say(trial, "finished")
                 return self._values(latency, memory)
-            self.on_trial(f"{self.mode} trial {trial.number}: compiling and measuring on {ctx.target.device}")
-            frame = ctx.measure(candidates, schedule, self.mode)
-            ctx.incumbent_ms[self.mode] = min(frame.latency_ms, ctx.incumbent_ms.get(self.mode, float("inf")))
+            self._say(trial, "measuring")
+            frame = ctx.measure(candidates, schedule, self.incumbent_ms)
+            self.incumbent_ms = min(frame.latency_ms, self.incumbent_ms if self.incumbent_ms is not None else inf)
+            self.events.emit(Measured(self.events.stage, self.mode, trial.number, frame.latency_ms,
+                                      frame.latency.trusted))
             config = Configuration(
                 trial=trial.number,
                 nns={n: m.choice for n, m in frame.nns.items()},
@@ -236,10 +291,11 @@ class Objective:
                 latency_ms=frame.latency_ms,
                 memory_bytes=frame.memory_bytes,
                 errors=errors,
-                in_region=True if self.mode == "aware" else ctx.region.contains(errors),
+                in_region=True if self.mode == "aware" else judged_by.region.contains(errors),
                 latency=frame.latency,
             )
             trial.set_user_attr(ATTR_CONFIGURATION, config.model_dump(mode="json"))
+            self._say(trial, "finished")
             return self._values(frame.latency_ms, frame.memory_bytes)
         except Exception as exc:
             trial.set_user_attr(ATTR_FAILURE, f"{type(exc).__name__}: {exc}")
@@ -248,25 +304,26 @@ class Objective:
             trial.set_user_attr(ATTR_FAILURE, interruption(exc))
             raise
 
+    def _say(self, trial: optuna.Trial, phase: TrialPhase, detail: str = "") -> None:
+        self.events.emit(TrialEvent(self.events.stage, self.mode, trial.number, phase, detail))
+
     def _unusable(self, trial: optuna.Trial, candidates: Mapping[str, Candidate], reason: str) -> list[float]:
         """An infeasible trial that names why: an NN with NaN or inf outputs has no errors to place in the region."""
-        self.on_trial(f"{self.mode} trial {trial.number}: infeasible: {reason}")
+        self._say(trial, "infeasible", reason)
         trial.set_constraint("region" if self.mode == "aware" else "reference_error", OUTSIDE)
         trial.set_user_attr(ATTR_ERRORS, {})
         trial.set_user_attr(ATTR_FEASIBLE, False)
         trial.set_user_attr(ATTR_INFEASIBLE, reason)
-        return self._values(*self._quick(candidates))
+        values = self._values(*self.ctx.quick(candidates))
+        self._say(trial, "finished")
+        return values
 
     def _knobs(self, trial: optuna.Trial, name: str) -> Knobs:
-        return knob_space(self.ctx, name).sample(trial, name, seed=self.ctx.spec.search.seed)
-
-    def _quick(self, candidates: Mapping[str, Candidate]) -> tuple[float, int | None]:
-        """Untuned latency (sequential) on the first backend that runs each candidate (kernels' quick protocol)."""
-        return self.ctx.quick(candidates)
+        return self.ctx.plan.knob_spaces[name].sample(trial, name, seed=self.ctx.plan.seed)
 
     def _values(self, latency: float, memory: int | None) -> list[float]:
         figures = {"latency": latency, "memory": (memory or 0) / 2**20}
-        return [figures[o] for o in self.ctx.spec.search.objectives]
+        return [figures[o] for o in self.ctx.plan.objectives]
 
 
 def _nns_key(candidates: Mapping[str, Candidate]) -> tuple[tuple[str, str], ...]:
@@ -280,44 +337,34 @@ def nonfinite(candidates: Mapping[str, Candidate]) -> str:
                      for name, c in candidates.items() if c.nonfinite_outputs)
 
 
-def knob_space(ctx: SearchContext, name: str) -> KnobSpace:
-    """What the search samples for NN ``name``: its spec section under the profile's caps and the target's backend."""
-    limits = SearchLimits(ctx.profile.max_prune_steps, ctx.profile.max_finetune_steps, _backend_name(ctx.target))
-    return KnobSpace.from_section(ctx.spec.knobs_for(name), limits, nn=name)
-
-
-def _backend_name(target: kernels.Target) -> str | None:
-    """The backend every candidate must run on, or ``None`` when ``auto`` picks one per candidate."""
-    return None if target.backend == "auto" else target.backend.name
-
-
 def run_study(
     ctx: SearchContext,
     mode: Mode,
-    storage: RDBStorage,
-    n_trials: int,
-    on_trial: Callable[[str], None] = lambda message: None,
+    storage: BaseStorage,
+    region: RegionSource,
+    events: StageEvents,
     on_done: Callable[[optuna.Study, FrozenTrial], None] = lambda study, trial: None,
 ) -> optuna.Study:
-    """Create or resume the study of ``mode`` and run it until it holds ``n_trials`` finished trials.
+    """Create or resume the study of ``mode`` and run it until it holds the plan's number of finished trials.
 
     Several workers (processes, machines) may run this on one storage at once: the
-    trial count is shared, so together they run ``n_trials``. ``on_done`` sees the study
-    after each trial this process finishes, before the next one starts (the in-search
-    closed-loop checks, :mod:`qaopt.stages.checks`, correct the region there).
+    trial count is shared, so together they run ``plan.trials``. Each trial is judged by
+    ``region.current()``; ``on_done`` sees the study after each trial this process finishes,
+    before the next one starts (the in-search closed-loop checks, :mod:`qaopt.stages.checks`,
+    correct the region there). ``events`` gets each trial's phases.
     """
+    plan = ctx.plan
     optuna.logging.set_verbosity(logging.WARNING)
-    name = f"{ctx.spec.app.name}-{ctx.spec.content_hash()}-{mode}"
-    sampler = optuna.samplers.TPESampler(seed=ctx.spec.search.seed, multivariate=True, constant_liar=True)
-    directions = ["minimize"] * len(ctx.spec.search.objectives)
+    sampler = optuna.samplers.TPESampler(seed=plan.seed, multivariate=True, constant_liar=True)
+    directions = ["minimize"] * len(plan.objectives)
     try:
-        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, directions=directions,
-                                    load_if_exists=True)
+        study = optuna.create_study(study_name=plan.study_name(mode), storage=storage, sampler=sampler,
+                                    directions=directions, load_if_exists=True)
     except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
-        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+        study = optuna.load_study(study_name=plan.study_name(mode), storage=storage, sampler=sampler)
     # The reference configuration (nothing approximated) is always the first trial of both studies.
     reference_knobs = ctx.reference_knobs
-    spaces = {nn: knob_space(ctx, nn) for nn in reference_knobs}
+    spaces = {nn: plan.knob_spaces[nn] for nn in reference_knobs}
     params: dict[str, Any] = {}
     for nn, k in reference_knobs.items():
         params.update(spaces[nn].params_of(k, nn))
@@ -334,11 +381,11 @@ def run_study(
 
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
         on_done(study, trial)
-        if finished_trials(study) >= n_trials:
+        if finished_trials(study) >= plan.trials:
             study.stop()
 
-    if finished_trials(study) < n_trials:
-        objective = Objective(ctx, mode, on_trial)
+    if finished_trials(study) < plan.trials:
+        objective = Objective(ctx, mode, region, events)
         try:
             study.optimize(objective, catch=(Exception,), callbacks=[stop_when_done], gc_after_trial=True)
         except BaseException as exc:  # Ctrl-C (KeyboardInterrupt, or the CLI's own), SystemExit: not a trial's fault

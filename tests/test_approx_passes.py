@@ -4,7 +4,6 @@ columns all come from the registry, so a new pass is one class (and a test regis
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -29,7 +28,7 @@ from qaopt.approx.passes import Range, passes, span
 from qaopt.cli import main
 from qaopt.kernels import onnx as onnx_toolchain
 from qaopt.profiles import get_profile
-from qaopt.search import knob_space
+from qaopt.plan import build_plan
 from qaopt.spec import load_spec
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -190,9 +189,9 @@ def test_a_pass_registered_from_a_test_is_validated_sampled_and_keyed(tmp_path, 
     assert spec.knobs_for("a")["rounding"] == {"decimals": [1, 2]}
 
     # Sampled by the search, after the built-in passes, under the NN's name.
-    ctx = SimpleNamespace(spec=spec, profile=get_profile("quick"), target=SimpleNamespace(backend="auto"))
+    plan = build_plan(spec, get_profile("quick"))
     trial = optuna.trial.FixedTrial({"a.prune_ratio": 0.0, "a.dtype": "fp32", "a.round_decimals": 1})
-    knobs = knob_space(ctx, "a").sample(trial, "a")
+    knobs = plan.knob_spaces["a"].sample(trial, "a")
     assert knobs.round_decimals == 1 and describe(knobs)["round decimals"] == "1"
 
     # Part of the candidate's identity only when it changes the model, and really applied.

@@ -31,7 +31,8 @@ from rich.console import Console
 import qaopt.stages.validation as validation_stage
 from qaopt import optimize
 from qaopt.app_spec import SpecError, content_hash
-from qaopt.optimizer import _reference, search_context
+from qaopt.events import Events, Note, Trial
+from qaopt.plan import BoundApplication, build_plan
 from qaopt.profiles import get_profile
 from qaopt.report import write_report
 from qaopt.result import Configuration, Fidelity, NNChoice, Result, Validation
@@ -39,6 +40,7 @@ from qaopt.search import (
     ATTR_CONFIGURATION,
     ATTR_FEASIBLE,
     OptimizeError,
+    FixedRegion,
     SearchContext,
     open_storage,
     record_check,
@@ -47,14 +49,15 @@ from qaopt.search import (
     summarize,
 )
 from qaopt.spec import load_spec
-from qaopt.stages.checks import ClosedLoopChecks, check_runs
+from qaopt.stages.checks import ClosedLoopChecks
+from qaopt.stages.reference import reference_configuration
 from qaopt.stages.region import (
     CLOSED_LOOP_FILE,
+    CalibratedRegion,
     ClosedLoopEvidence,
     ClosedLoopRun,
-    application_key,
+    RegionChoice,
     calibrated_region,
-    fold,
 )
 
 APPS = Path(__file__).resolve().parent / "apps"
@@ -78,7 +81,7 @@ def tiny(tmp_path_factory):
     """The tiny spec (checks every 3 trials, 2 per round) and its calibrated region (seconds)."""
     folder = tmp_path_factory.mktemp("tiny")
     spec = load_spec(_spec(folder, closed_loop={"every": 3, "configurations": 2}))
-    return spec, calibrated_region(spec, 12, folder / "calibrated").region
+    return spec, calibrated_region(BoundApplication(spec), 12, folder / "calibrated").region
 
 
 class Scripted:
@@ -87,7 +90,7 @@ class Scripted:
     def __init__(self, failing: set[int | None]):
         self.failing, self.calls = failing, []
 
-    def __call__(self, evaluator, nns, spec, runs, *, trial, region_predicted_valid, **_):
+    def __call__(self, evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, **_):
         self.calls.append(trial)
         fails = trial in self.failing
         return Validation(trial=trial, runs=runs, passes=0 if fails else runs, failures=runs if fails else 0,
@@ -95,12 +98,26 @@ class Scripted:
                           region_predicted_valid=region_predicted_valid, qos_metric_mean=float(fails))
 
 
-def _context(spec, region, cache_dir: Path) -> SearchContext:
+class _Unbuilt(SearchContext):
     """A search context whose NNs are never built: the checks only need their candidate keys."""
-    ctx = SearchContext(spec=spec, profile=CHECKING, nns={}, target=SimpleNamespace(threads=1), cache_dir=cache_dir,
-                        region=region, reference_knobs={}, agnostic_tolerance=0.02)
-    ctx.build = lambda name, knobs: SimpleNamespace(key=name, module=None, onnx_path=None, predict=None)
-    return ctx
+
+    def build(self, name, knobs):
+        return SimpleNamespace(key=name, module=None, onnx_path=None, predict=None)
+
+
+def _context(spec, run_dir: Path, cache_dir: Path, profile=CHECKING, trials: int = TRIALS) -> SearchContext:
+    plan = dataclasses.replace(build_plan(spec, profile, out=run_dir, trials=trials), cache_dir=cache_dir)
+    return _Unbuilt(plan, {}, None)
+
+
+def _checks(ctx: SearchContext, calibrated, evidence=None, executor=None, said=None) -> ClosedLoopChecks:
+    """The checks of a run whose calibrated region is ``calibrated``, starting from ``evidence``."""
+    events = Events()
+    if said is not None:
+        events.subscribe(lambda e: said.append(e.text) if isinstance(e, Note) else None)
+    region = CalibratedRegion(RegionChoice(calibrated, ctx.plan.run_dir / "region.json", ""),
+                              evidence or ClosedLoopEvidence(), ctx.plan.application.key)
+    return ClosedLoopChecks(ctx, region, events.for_stage("aware search"), executor=executor)
 
 
 def _config(trial: int, errors: dict[str, float], latency: float, mib: float = 1.0) -> Configuration:
@@ -135,24 +152,27 @@ def test_a_failing_check_shrinks_the_region_later_trials_use(tiny, tmp_path, mon
     low, high, above = _points(calibrated)
     scripted = Scripted(failing={1})
     monkeypatch.setattr(validation_stage, "validate_closed_loop", scripted)
-    monkeypatch.setattr(validation_stage, "make_evaluator", lambda spec: object())
-    ctx = _context(spec, fold(calibrated, []), tmp_path / "cache")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    ctx = _context(spec, run_dir, tmp_path / "cache")
     said: list[str] = []
-    checks = ClosedLoopChecks(ctx, calibrated, ClosedLoopEvidence(), run_dir, TRIALS, say=said.append)
+    checks = _checks(ctx, calibrated, said=said)
     slow, fast, beaten = _config(0, low, 2.0, 1.0), _config(1, high, 1.0, 2.0), _config(2, low, 3.0, 3.0)
     study = _study([slow, fast, beaten])
-    assert ctx.violation("aware", above, {}) <= 0, "before the check, the point above the failure is feasible"
+    assert checks.current().version == 0
+    assert ctx.violation("aware", above, {}, checks.current().region) <= 0, \
+        "before the check, the point above the failure is feasible"
     before = calibrated.to_json()
 
     checks(study, study.trials[-1])  # the third completed trial: a round (every: 3)
 
     assert sorted(scripted.calls) == [0, 1], "the front is checked; trial 2 (slower and larger than 0) is not on it"
     assert sorted(recorded_checks(study)) == [0, 1]
-    assert all(v.runs == check_runs(ctx) == 6 for v in recorded_checks(study).values())  # quick: 6 < min_trials 8
-    assert ctx.violation("aware", above, {}) > 0, "a later trial dominating the failure must be infeasible"
-    assert not ctx.region.contains(high) and ctx.region.contains(low)
+    assert all(v.runs == ctx.plan.closed_loop.runs == 6 for v in recorded_checks(study).values())  # 6 < 8
+    assert checks.current().version == 1, "the failing check made the region's next version"
+    assert ctx.violation("aware", above, {}, checks.current().region) > 0, \
+        "a later trial dominating the failure must be infeasible"
+    assert not checks.current().region.contains(high) and checks.current().region.contains(low)
     assert calibrated.to_json() == before, "the calibrated region is never changed"
     [run] = ClosedLoopEvidence.load(run_dir).runs
     assert run.errors == high and run.failures == 6 and run.candidates == {"a": "candidate-1", "b": "b-1"}
@@ -163,38 +183,37 @@ def test_a_failing_check_shrinks_the_region_later_trials_use(tiny, tmp_path, mon
 
     # Validation never chooses the configuration its check refuted.
     scripted.calls.clear()
-    front = validation_stage.validate_front(ctx, [fast, slow], calibrated, checks.evidence, slow)
+    front = validation_stage.validate_front(ctx, [fast, slow], checks.calibrated, checks.evidence, slow)
     assert [v.trial for v in front.validations] == [0] and front.chosen.trial == 0, "trial 1 is skipped"
     assert scripted.calls == [], "trial 0's check was a quick-profile validation (6 runs): read from the cache"
 
     # A resumed run: the evidence file restores the region, and nothing checked is run again.
     scripted.calls.clear()
-    resumed_ctx = _context(spec, fold(calibrated, ClosedLoopEvidence.load(run_dir).runs), tmp_path / "cache")
-    assert resumed_ctx.violation("aware", above, {}) > 0
-    resumed = ClosedLoopChecks(resumed_ctx, calibrated, ClosedLoopEvidence.load(run_dir), run_dir, TRIALS)
+    resumed = _checks(ctx, calibrated, ClosedLoopEvidence.load(run_dir))
+    assert ctx.violation("aware", above, {}, resumed.current().region) > 0
     assert resumed.round(study, "on resume") == [] and scripted.calls == []
 
     # Killed before the checks were recorded (a fresh study, no evidence file): the cached runs are read back.
     (run_dir / CLOSED_LOOP_FILE).unlink()
-    killed_ctx = _context(spec, fold(calibrated, []), tmp_path / "cache")
-    killed = ClosedLoopChecks(killed_ctx, calibrated, ClosedLoopEvidence(), run_dir, TRIALS)
+    killed = _checks(ctx, calibrated)
     again = killed.round(_study([slow, fast, beaten]), "after the kill")
     assert scripted.calls == [] and sorted(v.failures for v in again) == [0, 6]
-    assert not killed_ctx.region.contains(high) and (run_dir / CLOSED_LOOP_FILE).exists()
+    assert not killed.current().region.contains(high) and (run_dir / CLOSED_LOOP_FILE).exists()
 
 
 def test_no_checks_in_the_quick_profile_when_every_is_0_or_after_the_last_trial(tiny, tmp_path):
     spec, calibrated = tiny
-    ctx = _context(spec, calibrated, tmp_path)
     study = _study([_config(n, _points(calibrated)[0], 1.0 + n, 3.0 - n) for n in range(3)])
-    quick = dataclasses.replace(ctx, profile=get_profile("quick"))
-    off = dataclasses.replace(ctx, spec=spec.model_copy(update={"search": spec.search.model_copy(
-        update={"closed_loop": spec.search.closed_loop.model_copy(update={"every": 0})})}))
-    for context, trials in ((quick, TRIALS), (off, TRIALS), (ctx, 3)):  # 3: the study's last trial just ended
-        checks = ClosedLoopChecks(context, calibrated, ClosedLoopEvidence(), tmp_path, trials)
+    quick = _context(spec, tmp_path, tmp_path, profile=get_profile("quick"))
+    off_spec = spec.model_copy(update={"search": spec.search.model_copy(
+        update={"closed_loop": spec.search.closed_loop.model_copy(update={"every": 0})})})
+    off = _context(off_spec, tmp_path, tmp_path)
+    last = _context(spec, tmp_path, tmp_path, trials=3)  # 3: the study's last trial just ended
+    for context in (quick, off, last):
+        checks = _checks(context, calibrated)
         checks(study, study.trials[-1])
         assert recorded_checks(study) == {}
-    assert ClosedLoopChecks(quick, calibrated, ClosedLoopEvidence(), tmp_path, TRIALS).every == 0
+    assert _checks(quick, calibrated).every == 0
 
 
 def test_a_rounds_checks_run_at_once_on_an_executor(tiny, tmp_path, monkeypatch):
@@ -209,13 +228,13 @@ def test_a_rounds_checks_run_at_once_on_an_executor(tiny, tmp_path, monkeypatch)
         return scripted(*args, **kwargs)
 
     monkeypatch.setattr(validation_stage, "validate_closed_loop", side_by_side)
-    monkeypatch.setattr(validation_stage, "make_evaluator", lambda spec: object())
-    ctx = _context(spec, fold(calibrated, []), tmp_path / "cache")
+    ctx = _context(spec, tmp_path, tmp_path / "cache")
     study = _study([_config(0, low, 2.0, 1.0), _config(1, high, 1.0, 2.0)])
     with ThreadPoolExecutor(2) as executor:
-        checks = ClosedLoopChecks(ctx, calibrated, ClosedLoopEvidence(), tmp_path, TRIALS, executor=executor)
+        checks = _checks(ctx, calibrated, executor=executor)
         ran = checks.round(study, "now")
-    assert sorted((v.trial, v.failures) for v in ran) == [(0, 0), (1, 6)] and not ctx.region.contains(high)
+    assert sorted((v.trial, v.failures) for v in ran) == [(0, 0), (1, 6)]
+    assert not checks.current().region.contains(high)
 
 
 def test_a_check_recorded_by_another_worker_is_folded_in(tiny, tmp_path, monkeypatch):
@@ -224,10 +243,10 @@ def test_a_check_recorded_by_another_worker_is_folded_in(tiny, tmp_path, monkeyp
     study = _study([_config(0, high, 1.0)])
     record_check(study, Validation(trial=0, runs=6, passes=0, failures=6, verdict="invalid", accepted=False,
                                    region_predicted_valid=True, qos_metric_mean=1.0))
-    ctx = _context(spec, fold(calibrated, []), tmp_path / "cache")
-    checks = ClosedLoopChecks(ctx, calibrated, ClosedLoopEvidence(), tmp_path, TRIALS)
+    ctx = _context(spec, tmp_path, tmp_path / "cache")
+    checks = _checks(ctx, calibrated)
     checks.absorb(study)
-    assert ctx.violation("aware", above, {}) > 0 and len(checks.evidence.runs) == 1
+    assert ctx.violation("aware", above, {}, checks.current().region) > 0 and len(checks.evidence.runs) == 1
     assert (tmp_path / CLOSED_LOOP_FILE).exists()
 
 
@@ -316,23 +335,25 @@ def test_a_candidate_that_outputs_nan_makes_its_trial_infeasible(tmp_path, monke
     """Approximated NN a outputs NaN on its validation data whenever it is approximated: infeasible, with the reason."""
     monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
     spec = load_spec(_spec(tmp_path / "app"))
-    calibrated = calibrated_region(spec, 4, tmp_path / "run").region
-    ctx = search_context(spec, get_profile("quick"), calibrated)
-    reference = ctx.reference
-    real_build = ctx.build
+    calibrated = calibrated_region(BoundApplication(spec), 4, tmp_path / "run").region
+    plan = build_plan(spec, get_profile("quick"), trials=3)
 
-    def build(name, knobs):
-        if name == "a" and knobs != ctx.reference_knobs["a"]:  # the reference NN stands in for every candidate of a
-            nan = tuple(np.full_like(r, np.nan) for r in reference["a"].residuals)
-            return dataclasses.replace(reference["a"], key=f"nan-{content_hash(knobs)}", error=float("nan"),
-                                       residuals=nan)
-        return real_build(name, ctx.reference_knobs[name])
+    class NaNForA(SearchContext):
+        def build(self, name, knobs):
+            if name == "a" and knobs != self.reference_knobs["a"]:  # the reference NN stands in for every candidate
+                reference = self.reference["a"]
+                nan = tuple(np.full_like(r, np.nan) for r in reference.residuals)
+                return dataclasses.replace(reference, key=f"nan-{content_hash(knobs)}", error=float("nan"),
+                                           residuals=nan)
+            return super().build(name, self.reference_knobs[name])
 
-    ctx.build = build
+    ctx = NaNForA(plan, plan.application.target_nns(plan.cache_dir), calibrated)
     storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
     said: list[str] = []
+    events = Events()
+    events.subscribe(lambda e: said.append(f"{e.phase}: {e.detail}") if isinstance(e, Trial) else None)
     for mode in ("aware", "agnostic"):
-        study = run_study(ctx, mode, storage, 3, on_trial=said.append)
+        study = run_study(ctx, mode, storage, FixedRegion(calibrated), events.for_stage(f"{mode} search"))
         summary = summarize(study, spec.search.objectives)
         assert summary.trials_complete == 3 and summary.trials_failed == 0, "the study goes on"
         unusable = [t for t in summary.trials if t.infeasible]
@@ -347,13 +368,15 @@ def test_evidence_that_leaves_the_reference_outside_is_named_as_the_cause(tmp_pa
     """When closed-loop failures, not the calibration, moved the boundary below the reference, the error says so."""
     monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
     spec = load_spec(_spec(tmp_path / "app"))
-    calibrated = calibrated_region(spec, 12, tmp_path / "run").region
-    ctx = search_context(spec, get_profile("quick"), calibrated)
+    app = BoundApplication(spec)
+    calibrated = calibrated_region(app, 12, tmp_path / "run").region
+    plan = build_plan(spec, get_profile("quick"), out=tmp_path / "run")
+    ctx = SearchContext(plan, app.target_nns(plan.cache_dir), calibrated)
     point = ctx.errors_of(ctx.reference)
     assert calibrated.contains(point)
-    failed = ClosedLoopRun(application=application_key(spec), candidates={"a": "x", "b": "y"}, errors=point, passes=0,
-                           failures=8)
-    ctx.region = fold(calibrated, [failed])
+    failed = ClosedLoopRun(application=app.key, candidates={"a": "x", "b": "y"}, errors=point, passes=0, failures=8)
+    region = CalibratedRegion(RegionChoice(calibrated, tmp_path / "run" / "region.json", ""),
+                              ClosedLoopEvidence(runs=[failed]), app.key)
     with pytest.raises(OptimizeError, match=r"the closed-loop evidence in closed_loop.json .* though the calibrated "
                                             r"region alone certifies them: the error model 'gaussian' misses how"):
-        _reference(ctx, calibrated, tmp_path / "run")
+        reference_configuration(ctx, region)

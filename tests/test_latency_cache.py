@@ -30,8 +30,8 @@ def ctx(monkeypatch):
 
     monkeypatch.setattr(search, "measure_configuration", full)
     monkeypatch.setattr(search, "quick_latency", quick)
-    context = search.SearchContext(spec=None, profile=None, nns={}, target=None, cache_dir=None, region=None,
-                                   reference_knobs={}, agnostic_tolerance=0.0)
+    plan = SimpleNamespace(target=None, cache_dir=None)
+    context = search.SearchContext(plan, {}, None)
     return context, calls
 
 
@@ -42,7 +42,7 @@ def _config(*keys: str) -> dict:
 def test_a_repeated_configuration_is_measured_once(ctx):
     context, calls = ctx
     first = context.measure(_config("a", "b"), "sequential")
-    again = context.measure(_config("a", "b"), "sequential", mode="agnostic")
+    again = context.measure(_config("a", "b"), "sequential", incumbent_ms=5.0)
     assert calls["full"] == 1
     assert again is first  # the same figure, not a second, different one
 

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 import qaopt.search as search_module
-import qaopt.stages.region as region_stage
+import qaopt.region_calibration as region_calibration
 import qaopt.stages.validation as validation_stage
 from qaopt import optimize
 from qaopt.result import Result
@@ -105,9 +105,9 @@ def test_load_artifacts_rebuilds_each_validated_nn(tiny_run, tmp_path):
     from qaopt import kernels
     from qaopt.approx import Knobs, TargetNN, build
     from qaopt.calibrate import ErrorRegion
-    from qaopt.optimizer import search_context
-    from qaopt.profiles import get_profile
+    from qaopt.plan import build_plan
     from qaopt.result import Result
+    from qaopt.search import SearchContext
     from qaopt.spec import load_spec
     from qaopt.spec_adapter import cache_dir_of
     from qaopt.stages.export import ARTIFACTS, export_configuration
@@ -116,7 +116,8 @@ def test_load_artifacts_rebuilds_each_validated_nn(tiny_run, tmp_path):
     spec = load_spec(spec_path)
     run = tmp_path / "runs"
     shutil.copytree(spec_path.parent / "runs", run)
-    ctx = search_context(spec, get_profile(result.profile), ErrorRegion.load(result.region))
+    plan = build_plan(spec, result.profile)
+    ctx = SearchContext(plan, plan.application.target_nns(plan.cache_dir), ErrorRegion.load(result.region))
     nns = {}
     for name, choice in result.reference.nns.items():
         knobs = {**choice.knobs, "prune_ratio": 0.5, "finetune_steps": 10}
@@ -158,7 +159,7 @@ def test_rerun_resumes_without_repeating_work(tiny_run, monkeypatch):
     def no_calibration(*args, **kwargs):
         raise AssertionError("the region of this spec exists and must be reused")
 
-    monkeypatch.setattr(region_stage, "calibrate_spec", no_calibration)
+    monkeypatch.setattr(region_calibration, "calibrate_spec", no_calibration)
     again = optimize(spec, profile="quick", trials=4, console=QUIET)
     assert again.studies == first.studies
     # The same choice and validations; its latency is measured again, side by side with the others, in every run.
@@ -277,21 +278,34 @@ def test_two_workers_share_one_study_on_postgres(tmp_path):
 
 def _validation_ctx(spec_path: Path, cache_dir: Path, monkeypatch, fake_validation):
     """What the validation stage needs of a run, with closed-loop runs replaced by ``fake_validation``."""
+    import dataclasses
     from types import SimpleNamespace
 
-    from qaopt.profiles import get_profile
+    from qaopt.plan import build_plan
+    from qaopt.search import SearchContext
     from qaopt.spec import load_spec
 
+    class Unbuilt(SearchContext):
+        def build(self, name, knobs):
+            return SimpleNamespace(predict=None)
+
     monkeypatch.setattr(validation_stage, "validate_closed_loop", fake_validation)
-    monkeypatch.setattr(validation_stage, "make_evaluator", lambda spec: object())
-    return SimpleNamespace(spec=load_spec(spec_path), profile=get_profile("quick"), cache_dir=cache_dir,
-                           target=SimpleNamespace(threads=1), build=lambda nn, knobs: SimpleNamespace(predict=None))
+    plan = dataclasses.replace(build_plan(load_spec(spec_path), "quick"), cache_dir=cache_dir)
+    return Unbuilt(plan, {}, None)
+
+
+def _calibrated(region, ctx):
+    """The region stage's artifact for ``region``, no closed-loop evidence yet."""
+    from qaopt.stages.region import CalibratedRegion, ClosedLoopEvidence, RegionChoice
+
+    return CalibratedRegion(RegionChoice(region, ctx.plan.run_dir / "region.json", ""), ClosedLoopEvidence(),
+                            ctx.plan.application.key)
 
 
 def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkeypatch, tmp_path):
     from qaopt.calibrate import ErrorRegion
     from qaopt.result import Configuration, Validation
-    from qaopt.stages.region import ClosedLoopEvidence, application_key, fold
+    from qaopt.stages.region import ClosedLoopEvidence
 
     spec_path, result = tiny_run
     region = ErrorRegion.load(result.region)
@@ -313,7 +327,7 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
     assert region.contains(fastest.errors) and region.contains(other.errors)
     validated = []
 
-    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid, threads, **_):
+    def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, **_):
         validated.append(trial)
         fails = trial == 1
         return Validation(trial=trial, runs=runs, passes=0 if fails else runs, failures=runs if fails else 0,
@@ -321,13 +335,14 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
                           region_predicted_valid=region_predicted_valid, qos_metric_mean=float(fails))
 
     ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
-    front = validation_stage.validate_front(ctx, [fastest, dominated, other], region, ClosedLoopEvidence(), base)
+    front = validation_stage.validate_front(ctx, [fastest, dominated, other], _calibrated(region, ctx),
+                                            ClosedLoopEvidence(), base)
     assert validated == [1, 3], "the configuration dominating a closed-loop failure must be skipped"
     assert front.chosen.trial == 3
     assert region.to_json() == calibrated, "the calibrated region is never changed by validation"
     [run] = front.evidence.runs
     assert run.errors == fastest.errors and run.failures == 6
-    grown = fold(region, front.evidence.of(application_key(ctx.spec)))
+    grown = _calibrated(region, ctx).searched(front.evidence)
     assert not grown.contains(dominated.errors) and any(o.source == "closed-loop" for o in grown.observations)
 
 
@@ -343,21 +358,22 @@ def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeyp
         "trial": 1, "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-1"}) for n, c in result.reference.nns.items()}})
     validated = []
 
-    def fake_validation(evaluator, nns, spec, runs, *, trial, region_predicted_valid, threads, **_):
+    def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, **_):
         validated.append(trial)
         fails = int(trial is not None)  # the approximation fails once; the reference never
         return Validation(trial=trial, runs=runs, passes=runs - fails, failures=fails, verdict="undecided", accepted=False,
                           region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0)
 
     ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
-    front = validation_stage.validate_front(ctx, [approximated], region, ClosedLoopEvidence(), reference)
+    front = validation_stage.validate_front(ctx, [approximated], _calibrated(region, ctx), ClosedLoopEvidence(),
+                                            reference)
     assert validated == [1, None] and front.chosen is None, "a configuration that failed a run is never the result"
     assert [v.trial for v in front.validations] == [1, None]
 
     # A second run reads both from the cache, labelled with this run's trial numbers, and adds no evidence twice.
     validated.clear()
-    again = validation_stage.validate_front(ctx, [approximated.model_copy(update={"trial": 7})], region, front.evidence,
-                                            reference)
+    again = validation_stage.validate_front(ctx, [approximated.model_copy(update={"trial": 7})],
+                                            _calibrated(region, ctx), front.evidence, reference)
     assert validated == [] and [v.trial for v in again.validations] == [7, None]
     assert again.evidence == front.evidence and len(again.evidence.runs) == 1
 

@@ -115,14 +115,14 @@ def test_every_dtype_exports_one_onnx_contract_and_loads_back(default_path_run, 
 
     import qaopt
     from qaopt.calibrate import ErrorRegion
-    from qaopt.optimizer import search_context
-    from qaopt.profiles import get_profile
+    from qaopt.plan import build_plan
+    from qaopt.search import SearchContext
     from qaopt.spec import load_spec
     from qaopt.stages.export import export_configuration
 
     result, _ = default_path_run
-    spec = load_spec(result.spec)
-    ctx = search_context(spec, get_profile("quick"), ErrorRegion.load(result.region))
+    plan = build_plan(load_spec(result.spec), "quick")
+    ctx = SearchContext(plan, plan.application.target_nns(plan.cache_dir), ErrorRegion.load(result.region))
     measured = [t.configuration for s in result.studies.values() for t in s.trials if t.configuration]
     for dtype in DTYPES:
         config = next(c for c in measured if any(n.knobs["dtype"] == dtype for n in c.nns.values()))

@@ -22,7 +22,7 @@ import pytest
 from optuna.trial import TrialState
 from rich.console import Console
 
-import qaopt.stages.region as region_stage
+import qaopt.region_calibration as region_calibration
 from qaopt import optimize
 from qaopt.commands.runner import INTERRUPTED
 from qaopt.search import ATTR_FAILURE
@@ -106,7 +106,7 @@ def test_ctrl_c_in_a_trial_exits_cleanly_and_the_trial_is_rerun(tmp_path, monkey
     def no_calibration(*args, **kwargs):
         raise AssertionError("the region calibrated before Ctrl-C must be reused")
 
-    monkeypatch.setattr(region_stage, "calibrate_spec", no_calibration)
+    monkeypatch.setattr(region_calibration, "calibrate_spec", no_calibration)
     monkeypatch.setenv("PYTHONPATH", str(APPS))
     monkeypatch.syspath_prepend(str(APPS))
     result = optimize(spec, profile="quick", trials=3, console=Console(file=io.StringIO()))

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import qaopt.stages.region as region_stage
+import qaopt.region_calibration as region_calibration
 from qaopt.calibrate import CalibrationError
+from qaopt.plan import BoundApplication
 from qaopt.spec import load_spec
 from qaopt.stages.region import PREVIOUS_REGION_FILE, REGION_FILE, calibrated_region
 
@@ -71,7 +72,7 @@ def test_optimize_reuses_the_region_calibrate_wrote_and_says_when_it_replaces_it
 
 
 def test_a_smaller_region_is_replaced_with_a_note(tmp_path):
-    spec = load_spec(_spec(tmp_path / "app"))
+    spec = BoundApplication(load_spec(_spec(tmp_path / "app")))
     run = tmp_path / "run"
     small = calibrated_region(spec, 4, run)
     assert small.region.info["budget"] == 4 and "calibrated region.json (budget 4)" in small.note
@@ -86,10 +87,10 @@ def test_a_smaller_region_is_replaced_with_a_note(tmp_path):
 
 def test_an_incompatible_region_is_kept_beside_the_new_one(tmp_path):
     run = tmp_path / "run"
-    first = calibrated_region(load_spec(_spec(tmp_path / "a")), 4, run)
+    first = calibrated_region(BoundApplication(load_spec(_spec(tmp_path / "a"))), 4, run)
     old = (run / REGION_FILE).read_text()
-    other = load_spec(_spec(tmp_path / "b", {"acceptance": {"max_failure_rate": 0.1, "confidence": 0.9, "min_trials": 8,
-                                                                  "max_trials": 32}}))
+    other = BoundApplication(load_spec(_spec(tmp_path / "b", {"acceptance": {"max_failure_rate": 0.1, "confidence": 0.9, "min_trials": 8,
+                                                                  "max_trials": 32}})))
     said: list[str] = []
     second = calibrated_region(other, 4, run, say=said.append)
     assert "acceptance test differs" in second.note and PREVIOUS_REGION_FILE in second.note and said == [second.note]
@@ -98,10 +99,10 @@ def test_an_incompatible_region_is_kept_beside_the_new_one(tmp_path):
 
 
 def test_region_option_uses_a_fitting_file_as_given(tmp_path, monkeypatch):
-    spec = load_spec(_spec(tmp_path / "app"))
+    spec = BoundApplication(load_spec(_spec(tmp_path / "app")))
     given = calibrated_region(spec, 6, tmp_path / "calibrated").path
     content = given.read_bytes()
-    monkeypatch.setattr(region_stage, "calibrate_spec", lambda *a, **k: pytest.fail("--region must not calibrate"))
+    monkeypatch.setattr(region_calibration, "calibrate_spec", lambda *a, **k: pytest.fail("--region must not calibrate"))
     used = calibrated_region(spec, 12, tmp_path / "run", region_file=given)
     assert used.path == given.resolve() and given.read_bytes() == content
     assert "used as given" in used.note and "below this run's 12" in used.note
@@ -109,11 +110,11 @@ def test_region_option_uses_a_fitting_file_as_given(tmp_path, monkeypatch):
 
 
 def test_region_option_rejects_an_incompatible_file_with_the_reason(tmp_path):
-    spec = load_spec(_spec(tmp_path / "a"))
+    spec = BoundApplication(load_spec(_spec(tmp_path / "a")))
     given = calibrated_region(spec, 4, tmp_path / "calibrated").path
     other = _spec(tmp_path / "b", {"max": 1})
     with pytest.raises(CalibrationError, match="QoS goal differs"):
-        calibrated_region(load_spec(other), None, tmp_path / "run", region_file=given)
+        calibrated_region(BoundApplication(load_spec(other)), 4, tmp_path / "run", region_file=given)
     proc = _qaopt("optimize", str(other), "--region", str(given), "--trials", "1")
     assert proc.returncode == 2
     line = proc.stderr.strip().splitlines()[-1]  # before it: the stage log lines of a non-interactive run

@@ -24,6 +24,7 @@ from qaopt.app_spec import load
 from qaopt.calibrate import AcceptanceTest, Axis, Calibration, ErrorSpace, Gaussian, QoSGoal
 from qaopt.calibrate.synthetic import SuperellipseApp
 from qaopt.closed_loop import validate_closed_loop
+from qaopt.spec_adapter import acceptance_of, goal_of
 from qaopt import executor as executor_module
 from qaopt.executor import ClusterExecutor, ExecutorError, LocalPool, open_executor, reserved_cores
 
@@ -137,10 +138,10 @@ def test_validation_gives_the_serial_verdict_for_any_number_of_workers(failing):
     spec, app = _validation_spec(), ScriptedPerceptionApp(failing)
     nns = {"a": len, "b": len}
     seen = []
-    serial = validate_closed_loop(app, nns, spec, 48, trial=1, region_predicted_valid=True, seed_base=100)
+    serial = validate_closed_loop(app, nns, goal_of(spec), acceptance_of(spec), 48, trial=1, region_predicted_valid=True, seed_base=100)
     for workers in (2, 6):
         with ThreadPoolExecutor(workers) as ex:
-            v = validate_closed_loop(app, nns, spec, 48, trial=1, region_predicted_valid=True, seed_base=100,
+            v = validate_closed_loop(app, nns, goal_of(spec), acceptance_of(spec), 48, trial=1, region_predicted_valid=True, seed_base=100,
                                      executor=ex, on_block=seen.append)
         assert v == serial
     assert seen[-1].runs == serial.runs and seen[-1].planned == 48 and seen[-1].failures == serial.failures
@@ -275,10 +276,10 @@ def test_cluster_validation_matches_the_local_runs(cluster):
     address, _ = cluster
     spec, app = _validation_spec(), ScriptedPerceptionApp((130,))
     nns = {"a": len, "b": len}
-    serial = validate_closed_loop(app, nns, spec, 48, trial=3, region_predicted_valid=True, seed_base=100)
+    serial = validate_closed_loop(app, nns, goal_of(spec), acceptance_of(spec), 48, trial=3, region_predicted_valid=True, seed_base=100)
     with open_executor(cluster=address) as ex:
         assert isinstance(ex, ClusterExecutor) and ex.workers == 2
-        v = validate_closed_loop(app, nns, spec, 48, trial=3, region_predicted_valid=True, seed_base=100, executor=ex)
+        v = validate_closed_loop(app, nns, goal_of(spec), acceptance_of(spec), 48, trial=3, region_predicted_valid=True, seed_base=100, executor=ex)
     assert v == serial and v.failures == 1
 
 

@@ -10,6 +10,7 @@ from qaopt.app_spec import load
 from qaopt.application import ApplicationError
 from qaopt.calibrate import AcceptanceTest
 from qaopt.closed_loop import acceptable_failures, validate_closed_loop
+from qaopt.spec_adapter import acceptance_of, goal_of
 
 SPEC = Path(__file__).resolve().parent / "apps" / "tiny.yaml"
 
@@ -43,7 +44,7 @@ def test_acceptable_failures_follow_the_clopper_pearson_bound():
 def test_clean_configuration_runs_every_block_and_is_accepted():
     spec = _spec()
     app = ScriptedApp(failing=set())
-    v = validate_closed_loop(app, {}, spec, 50, trial=1, region_predicted_valid=True, seed_base=100, threads=2)
+    v = validate_closed_loop(app, {}, goal_of(spec), acceptance_of(spec), 50, trial=1, region_predicted_valid=True, seed_base=100, threads=2)
     assert (v.runs, v.failures, v.verdict, v.accepted) == (50, 0, "valid", True)
     assert app.seeds == list(range(100, 150)) and set(app.options) == {2}
 
@@ -52,7 +53,7 @@ def test_failure_stops_validation_after_its_block():
     spec = _spec()
     block = spec.qos.acceptance.min_trials
     app = ScriptedApp(failing={100 + block + 1})  # a failure in the second block
-    v = validate_closed_loop(app, {}, spec, 50, trial=1, region_predicted_valid=True, seed_base=100)
+    v = validate_closed_loop(app, {}, goal_of(spec), acceptance_of(spec), 50, trial=1, region_predicted_valid=True, seed_base=100)
     assert v.runs == 2 * block and v.failures == 1 and not v.accepted
     assert app.seeds == list(range(100, 100 + 2 * block))
 
@@ -60,7 +61,7 @@ def test_failure_stops_validation_after_its_block():
 def test_too_few_runs_to_accept_still_run_all_unless_proven_invalid():
     spec = _spec()
     app = ScriptedApp(failing={100})
-    v = validate_closed_loop(app, {}, spec, 6, trial=1, region_predicted_valid=True, seed_base=100)
+    v = validate_closed_loop(app, {}, goal_of(spec), acceptance_of(spec), 6, trial=1, region_predicted_valid=True, seed_base=100)
     assert (v.runs, v.failures, v.verdict) == (6, 1, "undecided")
 
 
@@ -73,4 +74,4 @@ def test_an_evaluator_without_closed_loop_runs_is_named():
 
     with pytest.raises(ApplicationError, match=r"InjectionOnly has no method evaluate_perception\(nns, seeds, "
                                                r"render_threads=1\); closed-loop validation"):
-        validate_closed_loop(InjectionOnly(), {}, _spec(), 8, trial=1, region_predicted_valid=True)
+        validate_closed_loop(InjectionOnly(), {}, goal_of(_spec()), acceptance_of(_spec()), 8, trial=1, region_predicted_valid=True)

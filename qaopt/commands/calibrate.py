@@ -47,7 +47,7 @@ def calibrate(
     from qaopt.executor import open_executor
     from qaopt.field.evidence import spec_evidence
     from qaopt.region_calibration import build_calibration, calibrate_spec, plot_spec_region
-    from qaopt.stages import stage_progress
+    from qaopt.console import stage_progress
 
     plot_axes, plot_at = _axis_names(axes), _levels(at or [])
     if plot:

@@ -28,30 +28,26 @@ and a run resumed after a kill, see what was checked and fold in its failures.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from qaopt.calibrate import ErrorRegion
+from qaopt.events import StageEvents
 from qaopt.report import format_errors
 from qaopt.result import Configuration, StudySummary, Validation
-from qaopt.search import SearchContext, finished_trials, record_check, recorded_checks, summarize
-from qaopt.stages.region import ClosedLoopEvidence, application_key, fold
+from qaopt.search import (
+    SearchContext,
+    VersionedRegion,
+    finished_trials,
+    record_check,
+    recorded_checks,
+    summarize,
+)
+from qaopt.stages.region import CalibratedRegion, ClosedLoopEvidence
 from qaopt.stages.validation import validate_configuration, with_validation
-
-
-def check_runs(ctx: SearchContext) -> int:
-    """Runs per check: one block of the acceptance test, never more than a validation of the profile spends.
-
-    The seeds are validation's first ones, so when the profile validates with no more runs than
-    a block (the quick profile), a check is that validation, cached for the validation stage.
-    """
-    return min(ctx.spec.qos.acceptance.min_trials, ctx.profile.validation_runs)
 
 
 def front(summary: StudySummary) -> list[Configuration]:
@@ -66,28 +62,37 @@ def front(summary: StudySummary) -> list[Configuration]:
 
 @dataclass
 class ClosedLoopChecks:
-    """The in-search checks of one run: called after each trial of the aware study (``run_study``'s ``on_done``).
+    """The in-search checks of one run, and the owner of the region the aware study is judged by.
 
-    ``evidence`` starts as the run folder's ``closed_loop.json`` and grows with each failing
-    check; ``ctx.region`` is kept equal to ``calibrated`` with that evidence folded in.
-    ``trials`` is the study's budget. ``say`` gets what ran, why, and what it changed.
+    Called after each trial of the aware study (``run_study``'s ``on_done``). ``evidence``
+    starts as the run folder's ``closed_loop.json`` and grows with each failing check; each
+    time it grows, the region (the calibrated one with the evidence folded in) gets a new
+    version, which :meth:`current` hands to the next trial. ``events`` gets what ran, why,
+    and what it changed.
     """
 
     ctx: SearchContext
-    calibrated: ErrorRegion
-    evidence: ClosedLoopEvidence
-    run_dir: Path
-    trials: int
+    calibrated: CalibratedRegion
+    events: StageEvents
     executor: Executor | None = None
-    say: Callable[[str], None] = lambda line: None
+    evidence: ClosedLoopEvidence = field(init=False)
+    _region: VersionedRegion = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.evidence = self.calibrated.evidence
+        self._region = VersionedRegion(0, self.calibrated.searched(self.evidence))
+
+    def current(self) -> VersionedRegion:
+        """The region the next trial is judged by (:class:`qaopt.search.RegionSource`)."""
+        return self._region
 
     @property
     def every(self) -> int:
         """Completed trials between two rounds; 0 when the spec or the profile turns the checks off."""
-        return 0 if self.ctx.profile.closed_loop_checks == 0 else self.ctx.spec.search.closed_loop.every
+        return self.ctx.plan.closed_loop.every
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if not self.every or trial.state != TrialState.COMPLETE or finished_trials(study) >= self.trials:
+        if not self.every or trial.state != TrialState.COMPLETE or finished_trials(study) >= self.ctx.plan.trials:
             return
         complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         if complete % self.every == 0:
@@ -96,16 +101,16 @@ class ClosedLoopChecks:
     def round(self, study: optuna.Study, when: str) -> list[Validation]:
         """Check the front's unchecked configurations nearest the boundary; the checks this round ran."""
         summary, checked = self.absorb(study)
-        region, candidates = self.ctx.region, front(summary)
+        region, candidates = self._region.region, front(summary)
         unchecked = [c for c in candidates if c.trial not in checked and region.contains(c.errors)]
         chosen = sorted(unchecked, key=lambda c: region.probability(c.errors))[:self._allowed(len(checked))]
         if not chosen:
             return []
-        runs = check_runs(self.ctx)
-        self.say(f"closed-loop checks {when}: "
-                 + "; ".join(f"trial {c.trial} (P(valid) {region.probability(c.errors):.2f} at "
-                             f"{format_errors(c.errors)})" for c in chosen)
-                 + f", {runs} runs each: the front's unchecked configurations nearest the region's boundary")
+        runs = self.ctx.plan.closed_loop.runs
+        self.events.note(f"closed-loop checks {when}: "
+                         + "; ".join(f"trial {c.trial} (P(valid) {region.probability(c.errors):.2f} at "
+                                     f"{format_errors(c.errors)})" for c in chosen)
+                         + f", {runs} runs each: the front's unchecked configurations nearest the region's boundary")
         checks = self._run(chosen, runs)
         self._update(chosen, checks, candidates)
         for check in checks:  # after the evidence is saved: a check recorded here is never lost from the region
@@ -117,7 +122,7 @@ class ClosedLoopChecks:
 
         Returns the study's summary and its recorded checks by trial, as read for this.
         """
-        summary = summarize(study, self.ctx.spec.search.objectives)
+        summary = summarize(study, self.ctx.plan.objectives)
         configs = {t.number: t.configuration for t in summary.trials if t.configuration is not None}
         recorded = recorded_checks(study)
         known = [n for n in recorded if n in configs]
@@ -126,35 +131,35 @@ class ClosedLoopChecks:
 
     def _allowed(self, checked: int) -> int:
         """Configurations this round may check: the spec's per round, within what the profile's cap leaves."""
-        cap = self.ctx.profile.closed_loop_checks
-        per_round = self.ctx.spec.search.closed_loop.configurations
-        return per_round if cap is None else max(0, min(per_round, cap - checked))
+        plan = self.ctx.plan.closed_loop
+        return plan.per_round if plan.cap is None else max(0, min(plan.per_round, plan.cap - checked))
 
     def _run(self, configs: list[Configuration], runs: int) -> list[Validation]:
         """Each configuration's check, in order; at once on an executor (each check is one block of runs)."""
-        check = partial(validate_configuration, self.ctx, runs=runs, executor=self.executor,
-                        say=lambda line: self.say(f"closed-loop check, {line}"))
+        check = partial(validate_configuration, self.ctx, runs=runs, executor=self.executor, events=self.events,
+                        label="closed-loop check, ", show_runs=False)
         if self.executor is None or len(configs) < 2:
             return [check(c) for c in configs]
         with ThreadPoolExecutor(len(configs)) as threads:
             return list(threads.map(check, configs))
 
     def _update(self, configs: list[Configuration], checks: list[Validation], watched: list[Configuration]) -> None:
-        """Add the failing checks to the evidence; when it grew, save it, refold the search's region, and say which
-        of the ``watched`` configurations (the front) it no longer contains."""
+        """Add the failing checks to the evidence; when it grew, save it, make the region's next version, and say
+        which of the ``watched`` configurations (the front) it no longer contains."""
         evidence = self.evidence
         for config, check in zip(configs, checks, strict=True):
-            evidence = with_validation(evidence, self.ctx.spec, config, check)
+            evidence = with_validation(evidence, self.calibrated.application, config, check)
         if evidence is self.evidence:
             return
         self.evidence = evidence
-        evidence.save(self.run_dir)
+        evidence.save(self.ctx.plan.run_dir)
         start = time.perf_counter()
-        region = fold(self.calibrated, evidence.of(application_key(self.ctx.spec)))
+        region = self.calibrated.searched(evidence)
         outside = [f"trial {c.trial}" for c in watched if not region.contains(c.errors)]  # fits the region, once
-        self.ctx.region = region
-        self.say("closed-loop evidence: " + ", ".join(f"{c.name}: {c.failures} of {c.runs} runs failed"
-                                                      for c in checks if c.failures)
-                 + f"; region refitted with it in {time.perf_counter() - start:.1f} s, the front's "
-                 + (f"{', '.join(outside)} now outside it" if outside else "configurations all still inside it")
-                 + "; later trials are judged by it")
+        self._region = VersionedRegion(self._region.version + 1, region)
+        self.events.note("closed-loop evidence: " + ", ".join(f"{c.name}: {c.failures} of {c.runs} runs failed"
+                                                              for c in checks if c.failures)
+                         + f"; region refitted with it in {time.perf_counter() - start:.1f} s (version "
+                         + f"{self._region.version}), the front's "
+                         + (f"{', '.join(outside)} now outside it" if outside else "configurations all still inside it")
+                         + "; later trials are judged by it")

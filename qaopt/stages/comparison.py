@@ -17,8 +17,11 @@ from collections.abc import Mapping
 
 from qaopt import kernels
 from qaopt.measuring import compile_choice, latency_of
+from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.result import Configuration
 from qaopt.search import SearchContext
+from qaopt.stages.reference import Reference
+from qaopt.stages.validation import Validated
 
 ROUNDS = 3
 """Interleaved rounds; each frame's figure pools the samples of all of them."""
@@ -53,3 +56,18 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
         m = by_key[keys[name]]
         out[name] = config.model_copy(update={"latency_ms": m.median_ms, "latency": latency_of([m])})
     return out
+
+
+@register_stage
+class ComparisonStage(BaseStage):
+    """The reference, aware and agnostic frames timed again side by side in this process."""
+
+    name = "side-by-side measurement"
+    inputs = ("reference NNs", "closed-loop validation")
+    artifact = "none (the latencies and speedups of result.json)"
+
+    def run(self, run: StageRun, inputs) -> dict[str, Configuration | None]:
+        reference: Reference = inputs["reference NNs"]
+        validated: Validated = inputs["closed-loop validation"]
+        return side_by_side(reference.ctx, {"reference": reference.configuration, "aware": validated.front.chosen,
+                                            "agnostic": validated.agnostic})

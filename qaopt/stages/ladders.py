@@ -9,49 +9,67 @@ last stored rung.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 
 from qaopt.app_spec.store import write_json
 from qaopt.approx import Knobs, Rung, ladder_of
 from qaopt.approx.passes.pruning import PruningConfig
-from qaopt.search import SearchContext, knob_space
-
-from . import StageBar
+from qaopt.events import StageEvents
+from qaopt.pipeline import BaseStage, StageRun, register_stage
+from qaopt.plan import RunPlan
+from qaopt.search import SearchContext
+from qaopt.stages.reference import Reference
 
 LADDERS_FILE = "ladders.json"
 LADDERS_KIND, LADDERS_VERSION = "qaopt.ladders", 1
 
 
-def ladder_tops(ctx: SearchContext) -> dict[str, Knobs]:
+def ladder_tops(plan: RunPlan) -> dict[str, Knobs]:
     """Each laddered NN's knobs at the deepest rung its search space reaches (NNs pruned from scratch are left out)."""
     tops = {}
-    for name in ctx.nns:
-        space = knob_space(ctx, name)
+    for name, space in plan.knob_spaces.items():
         config = space.configs.get("pruning")
         if isinstance(config, PruningConfig) and config.ladder is not None and config.ratios()[1] > 0:
-            tops[name] = space.base(prune_ratio=config.ratios()[1], seed=ctx.spec.search.seed)
+            tops[name] = space.base(prune_ratio=config.ratios()[1], seed=plan.seed)
     return tops
 
 
-def build_ladders(ctx: SearchContext, run_dir: Path, bar: StageBar, say: Callable[[str], None]) -> dict[str, list[Rung]]:
+def build_ladders(ctx: SearchContext, events: StageEvents) -> dict[str, list[Rung]]:
     """Build (or find) every rung of every laddered NN on the training device, and write the run's ladder table."""
-    tops = ladder_tops(ctx)
-    plan = {name: round(k.prune_ratio / k.ladder_step) for name, k in tops.items()}
-    bar.update(completed=0, total=sum(plan.values()))
+    plan = ctx.plan
+    tops = ladder_tops(plan)
+    steps = {name: round(k.prune_ratio / k.ladder_step) for name, k in tops.items()}
+    done = 0
+    events.progress(completed=0, total=sum(steps.values()))
     tables: dict[str, list[Rung]] = {}
     for name, knobs in tops.items():
-        ladder = ladder_of(ctx.nns[name], knobs, cache_dir=ctx.cache_dir, device=ctx.train_device,
-                           progress=lambda message, _name=name: bar.update(description=f"{_name}: {message}"))
-        for k in range(1, plan[name] + 1):
+        ladder = ladder_of(ctx.nns[name], knobs, cache_dir=ctx.cache_dir, device=plan.train_device,
+                           progress=lambda message, _name=name: events.progress(description=f"{_name}: {message}"))
+        for k in range(1, steps[name] + 1):
             if ladder.stored(k) is None:
                 ladder.model(k)
-                say(f"{name}: ladder rung {k} of {plan[name]} built on {ctx.train_device} "
-                    f"(error {ladder.stored(k).error:.4g})")
-            bar.update(advance=1)
-        tables[name] = ladder.rungs()[: plan[name]]
+                events.note(f"{name}: ladder rung {k} of {steps[name]} built on {plan.train_device} "
+                            f"(error {ladder.stored(k).error:.4g})")
+            done += 1
+            events.progress(completed=done)
+        tables[name] = ladder.rungs()[: steps[name]]
     if tables:
-        write_json(run_dir / LADDERS_FILE, LADDERS_KIND, LADDERS_VERSION,
+        write_json(plan.run_dir / LADDERS_FILE, LADDERS_KIND, LADDERS_VERSION,
                    {name: [asdict(r) for r in rungs] for name, rungs in tables.items()})
     return tables
+
+
+@register_stage
+class LaddersStage(BaseStage):
+    """Every laddered NN's pruning ladder, built before the first trial asks for one of its rungs."""
+
+    name = "pruning ladders"
+    inputs = ("reference NNs",)
+    artifact = f"{LADDERS_FILE} (run folder); the rungs in the approx cache"
+
+    def wanted(self, run: StageRun, inputs) -> bool:
+        return bool(ladder_tops(run.plan))
+
+    def run(self, run: StageRun, inputs) -> dict[str, list[Rung]]:
+        reference: Reference = inputs["reference NNs"]
+        return build_ladders(reference.ctx, run.emitter(self.name))

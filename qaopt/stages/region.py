@@ -30,11 +30,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from qaopt.app_spec import AppSpec, store
+from qaopt.app_spec import store
 from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence, Progress
 from qaopt.calibrate.region import SIMULATOR
-from qaopt.field.evidence import spec_evidence
-from qaopt.region_calibration import build_calibration, calibrate_spec
+from qaopt.events import Progress as ProgressEvent
+from qaopt.pipeline import BaseStage, StageRun, register_stage
+from qaopt.plan import BoundApplication
 
 REGION_FILE = "region.json"
 REGION_PLOT = "region.png"
@@ -89,11 +90,6 @@ class ClosedLoopEvidence(BaseModel):
         return [r for r in self.runs if r.application == application]
 
 
-def application_key(spec: AppSpec) -> str:
-    """What closed-loop runs depend on: the simulator, the QoS goal and the NNs (their data defines the error axes)."""
-    return spec.content_hash("evaluator", "qos", "nns")
-
-
 @dataclass(frozen=True)
 class RegionChoice:
     """The calibrated region a run searches in, the file it lives in, and how it was obtained (console and report)."""
@@ -103,18 +99,13 @@ class RegionChoice:
     note: str
 
 
-def requested_budget(spec: AppSpec, budget: int | None) -> int:
-    """The calibration budget a run asks for: ``budget`` (option or profile), else the spec's."""
-    return spec.calibration.budget if budget is None else budget
-
-
 def calibrated_region(
-    spec: AppSpec, budget: int | None, run_dir: Path, region_file: Path | None = None,
+    app: BoundApplication, budget: int, run_dir: Path, region_file: Path | None = None,
     say: Callable[[str], None] = lambda line: None,
     executor: Executor | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> RegionChoice:
-    """This spec's calibrated region: an existing compatible one, reused; else calibrated now.
+    """The application's calibrated region: an existing compatible one, reused; else calibrated now with ``budget``.
 
     ``region_file`` (``--region``) is used as given, never rewritten: an incompatible one
     is an error. Otherwise ``run_dir/region.json`` (written by ``qaopt calibrate`` or an
@@ -126,16 +117,16 @@ def calibrated_region(
     ``executor`` runs a new calibration's seed blocks (:mod:`qaopt.executor`); ``progress``
     sees each of its blocks and points.
     """
-    wanted = requested_budget(spec, budget)
-    field_evidence = spec_evidence(spec).evidence
-    cal = build_calibration(spec, executor=executor)
+    wanted = budget
+    field_evidence = app.field_evidence()
+    cal = app.calibration(executor)
     if region_file is not None:
         path = Path(region_file).resolve()
         region = ErrorRegion.load(path)  # a CalibrationError names the file
         problems = differences(region, cal)
         if problems:
-            raise CalibrationError(f"--region {path}: calibrated for other inputs than {spec.source} ("
-                                   f"{'; '.join(problems)}); run `qaopt calibrate {spec.source}` or leave --region out")
+            raise CalibrationError(f"--region {path}: calibrated for other inputs than {app.source} ("
+                                   f"{'; '.join(problems)}); run `qaopt calibrate {app.source}` or leave --region out")
         note = f"region from --region {path} ({_budget_text(region)}), used as given"
         if _budget(region) < wanted:
             note += f"; its budget is below this run's {wanted}"
@@ -173,8 +164,7 @@ def calibrated_region(
                     f"(its simulator runs come from the cache)")
     if note:
         say(note)
-    region, _ = calibrate_spec(spec, budget=calibrate_with, out=run_dir, evidence=field_evidence, calibration=cal,
-                               info={WRITER_INFO: "qaopt optimize"}, progress=progress)
+    region = app.calibrate(cal, calibrate_with, run_dir, field_evidence, {WRITER_INFO: "qaopt optimize"}, progress)
     return RegionChoice(region, path, note or f"calibrated {REGION_FILE} (budget {calibrate_with})")
 
 
@@ -245,3 +235,49 @@ def _with_evidence(region: ErrorRegion, evidence: Sequence[Evidence]) -> ErrorRe
 def fold(calibrated: ErrorRegion, runs: Sequence[ClosedLoopRun]) -> ErrorRegion:
     """A new region: the calibrated one with closed-loop runs added as evidence (the calibrated object is untouched)."""
     return _with_evidence(calibrated, [run.evidence() for run in runs])
+
+
+@dataclass(frozen=True)
+class CalibratedRegion:
+    """The region stage's artifact: the calibrated region as chosen, and the run folder's closed-loop evidence."""
+
+    choice: RegionChoice
+    evidence: ClosedLoopEvidence
+    application: str
+    """The key the evidence of this application is filed under (:attr:`BoundApplication.key`)."""
+
+    @property
+    def region(self) -> ErrorRegion:
+        return self.choice.region
+
+    def searched(self, evidence: ClosedLoopEvidence | None = None) -> ErrorRegion:
+        """The region a search judges by: the calibrated one with ``evidence`` (default: the folder's) folded in."""
+        return fold(self.region, (evidence or self.evidence).of(self.application))
+
+
+@register_stage
+class RegionStage(BaseStage):
+    """Calibrate the error region, or reuse a compatible one; fold in the closed-loop evidence of earlier runs."""
+
+    name = "calibration"
+    artifact = f"{REGION_FILE}, {REGION_PLOT} (run folder)"
+
+    def total(self, run: StageRun, inputs) -> float | None:
+        return run.plan.calibration_budget
+
+    def run(self, run: StageRun, inputs) -> CalibratedRegion:
+        plan, events = run.plan, run.emitter(self.name)
+        if run.executor is not None:
+            events.note(f"simulator runs on {getattr(run.executor, 'where', type(run.executor).__name__)}")
+
+        def calibrating(step: Progress) -> None:
+            point = ", ".join(f"{k}={v:.3g}" for k, v in step.errors.items())
+            done = step.evaluation if step.observation is not None else step.evaluation - 1
+            state = step.observation.verdict.value if step.observation is not None else f"{step.trials} runs"
+            events.emit(ProgressEvent(self.name, done, step.budget, f"{point}: {state}"))
+
+        choice = calibrated_region(plan.application, plan.calibration_budget, plan.run_dir, plan.region_file,
+                                   say=events.note, executor=run.executor, progress=calibrating)
+        if choice.path != plan.run_dir / REGION_FILE or not (plan.run_dir / REGION_PLOT).exists():
+            choice.region.plot(plan.run_dir / REGION_PLOT)  # the report shows the run folder's plot
+        return CalibratedRegion(choice, ClosedLoopEvidence.load(plan.run_dir), plan.application.key)

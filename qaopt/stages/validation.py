@@ -21,19 +21,22 @@ planned and the verdict so far.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from qaopt.app_spec import AppSpec, content_hash, store
-from qaopt.calibrate import ErrorRegion
+from qaopt.app_spec import content_hash, store
+from qaopt.closed_loop import VALIDATION_SEED_BASE, BlockProgress, validate_closed_loop
+from qaopt.events import RunBlock, StageEvents
+from qaopt.executor import ShippedNN
+from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.result import Configuration, Validation
 from qaopt.search import SearchContext
-from qaopt.spec_adapter import make_evaluator
-from qaopt.stages.region import ClosedLoopEvidence, ClosedLoopRun, application_key, fold
-from qaopt.closed_loop import VALIDATION_SEED_BASE, BlockProgress, validate_closed_loop
-from qaopt.executor import ShippedNN, SpecEvaluator
-from qaopt.stages import StageBar
+from qaopt.stages.reference import Reference
+from qaopt.stages.region import CalibratedRegion, ClosedLoopEvidence, ClosedLoopRun
+
+if TYPE_CHECKING:
+    from qaopt.stages.studies import AwareSearch
 
 VALIDATION_VERSION = 2
 """2: per-metric means, worst run and counts' totals; a version-1 file (every metric summed) is read as means."""
@@ -49,9 +52,8 @@ class FrontValidation:
 
 
 def validate_front(
-    ctx: SearchContext, front: list[Configuration], calibrated: ErrorRegion, evidence: ClosedLoopEvidence,
-    reference: Configuration, *, executor: Executor | None = None, bar: StageBar | None = None,
-    say: Callable[[str], None] | None = None,
+    ctx: SearchContext, front: list[Configuration], calibrated: CalibratedRegion, evidence: ClosedLoopEvidence,
+    reference: Configuration, *, executor: Executor | None = None, events: StageEvents | None = None,
 ) -> FrontValidation:
     """Validate the fastest configurations of the aware front; the first accepted one wins.
 
@@ -59,24 +61,23 @@ def validate_front(
     to prove it), the fastest one with no failing run is chosen, unaccepted. When none
     is even that, the ``reference`` configuration is validated too, so the report can
     tell an application that fails with any approximation from one that fails anyway.
-    ``executor``, ``bar`` and ``say`` are :func:`validate_configuration`'s.
+    ``executor`` and ``events`` are :func:`validate_configuration`'s.
     """
-    run = dict(executor=executor, bar=bar, say=say)
-    app = application_key(ctx.spec)
-    region = fold(calibrated, evidence.of(app))
+    run = dict(executor=executor, events=events)
+    region = calibrated.searched(evidence)
     validations: list[Validation] = []
     chosen = fallback = None
     for config in front:
-        if len(validations) >= ctx.profile.validate_top:
+        if len(validations) >= ctx.plan.validate_top:
             break
         if not region.contains(config.errors):
             continue  # ruled out by closed-loop evidence
         validation = validate_configuration(ctx, config, **run)
         validations.append(validation)
-        grown = with_validation(evidence, ctx.spec, config, validation)
+        grown = with_validation(evidence, calibrated.application, config, validation)
         if grown is not evidence:
             evidence = grown
-            region = fold(calibrated, evidence.of(app))
+            region = calibrated.searched(evidence)
         if validation.accepted:
             chosen = config
             break
@@ -87,9 +88,10 @@ def validate_front(
     return FrontValidation(validations, chosen or fallback, evidence)
 
 
-def with_validation(evidence: ClosedLoopEvidence, spec: AppSpec, config: Configuration,
+def with_validation(evidence: ClosedLoopEvidence, application: str, config: Configuration,
                     validation: Validation) -> ClosedLoopEvidence:
-    """``evidence`` with ``config``'s closed-loop runs added when any failed (else ``evidence`` itself).
+    """``evidence`` with ``config``'s closed-loop runs on ``application`` (its key) added when any failed (else
+    ``evidence`` itself).
 
     The one place closed-loop runs become evidence against an error point, for the validation
     stage and the in-search checks alike. Runs that all passed are left out: the point is inside
@@ -99,54 +101,53 @@ def with_validation(evidence: ClosedLoopEvidence, spec: AppSpec, config: Configu
     if not validation.failures:
         return evidence
     return evidence.with_run(ClosedLoopRun(
-        application=application_key(spec), candidates=_candidates(config), errors=config.errors,
+        application=application, candidates=_candidates(config), errors=config.errors,
         passes=validation.passes, failures=validation.failures,
         note=f"{validation.name}: the approximated NNs in the loop"))
 
 
 def validate_configuration(
     ctx: SearchContext, config: Configuration, *, runs: int | None = None, executor: Executor | None = None,
-    bar: StageBar | None = None, say: Callable[[str], None] | None = None,
+    events: StageEvents | None = None, label: str = "", show_runs: bool = True,
 ) -> Validation:
     """The closed-loop validation of one configuration, read from the cache when these NNs already ran.
 
-    ``runs`` is the most runs it may spend (default: the profile's ``validation_runs``);
-    ``executor`` runs its blocks of runs (``None``: in this process); ``bar`` shows the runs
-    done of those planned and the verdict so far; ``say`` gets one line with the outcome.
+    ``runs`` is the most runs it may spend (default: the plan's ``validation_runs``);
+    ``executor`` runs its blocks of runs (``None``: in this process); ``events`` gets a
+    :class:`~qaopt.events.RunBlock` after each block (when ``show_runs``) and one line with the
+    outcome, after ``label``.
     """
-    spec, prof = ctx.spec, ctx.profile
-    runs = prof.validation_runs if runs is None else runs
-    key = content_hash("validation", _candidates(config), runs, spec.content_hash("evaluator", "qos"),
-                       VALIDATION_SEED_BASE)
+    plan = ctx.plan
+    app = plan.application
+    runs = plan.validation_runs if runs is None else runs
+    key = content_hash("validation", _candidates(config), runs, app.evaluation_key, VALIDATION_SEED_BASE)
     path = ctx.cache_dir / "optimize" / "validation" / f"{key}.json"
     labels = {"trial": config.trial, "region_predicted_valid": config.in_region}
     name = "reference" if config.trial is None else f"trial {config.trial}"
     cached = store.read_model(path, Validation, VALIDATION_VERSION) or _read_version_1(path)
     if cached is not None:  # the same NNs validated by an earlier run or study: only the labels are this run's
-        if say:
-            say(f"{name}: {cached.verdict} after {cached.runs} runs, {cached.failures} failed (cached)")
+        if events:
+            events.note(f"{label}{name}: {cached.verdict} after {cached.runs} runs, {cached.failures} failed (cached)")
         return cached.model_copy(update=labels)
     candidates = {n: ctx.build(n, c.knobs) for n, c in config.nns.items()}
-    if bar is not None:
-        bar.reset(runs, f"{name}: 0/{runs} runs")
 
     def show(step: BlockProgress) -> None:
-        if bar is not None:
-            bar.update(completed=step.runs, description=f"{name}: {step.runs}/{step.planned} runs, "
-                                                        f"{step.failures} failed, {step.verdict}")
+        if events is not None and show_runs:
+            events.emit(RunBlock(events.stage, name, step.runs, step.planned, step.failures, step.verdict))
 
+    show(BlockProgress(0, runs, 0, "undecided"))
     if executor is None:
         nns, parallel = {n: c.predict for n, c in candidates.items()}, {}
     else:
         nns = {n: ShippedNN(c) for n, c in candidates.items()}
-        parallel = {"executor": executor, "remote": SpecEvaluator(spec)}
+        parallel = {"executor": executor, "remote": app.remote()}
     validation = validate_closed_loop(
-        make_evaluator(spec), nns, spec, runs,
-        threads=(ctx.target.threads or 1) if executor is None else 1, on_block=show, **parallel, **labels,
+        app.evaluator(), nns, app.goal, app.acceptance, runs,
+        threads=plan.threads if executor is None else 1, on_block=show, **parallel, **labels,
     )
     store.write_model(path, validation, VALIDATION_VERSION)
-    if say:
-        say(f"{name}: {validation.verdict} after {validation.runs} runs, {validation.failures} failed")
+    if events:
+        events.note(f"{label}{name}: {validation.verdict} after {validation.runs} runs, {validation.failures} failed")
     return validation
 
 
@@ -164,3 +165,41 @@ def _read_version_1(path) -> Validation | None:
 
 def _candidates(config: Configuration) -> dict[str, str]:
     return {n: c.candidate for n, c in config.nns.items()}
+
+
+@dataclass(frozen=True)
+class Validated:
+    """The validation stage's artifact: the front's validations and choice, and the agnostic choice's runs."""
+
+    front: FrontValidation
+    agnostic: Configuration | None
+    agnostic_validation: Validation | None
+
+
+@register_stage
+class ValidationStage(BaseStage):
+    """The aware front's fastest configurations closed-loop with their real NNs; the agnostic choice too."""
+
+    name = "closed-loop validation"
+    inputs = ("calibration", "reference NNs", "aware search", "agnostic search")
+    artifact = "cache/optimize/validation/<key>.json per configuration; closed_loop.json when one fails"
+
+    def total(self, run: StageRun, inputs) -> float | None:
+        return run.plan.validation_runs
+
+    def run(self, run: StageRun, inputs) -> Validated:
+        reference: Reference = inputs["reference NNs"]
+        aware: AwareSearch = inputs["aware search"]
+        calibrated: CalibratedRegion = inputs["calibration"]
+        events = run.emitter(self.name)
+        options = dict(executor=run.executor, events=events)
+        evidence = aware.checks.evidence
+        front = validate_front(reference.ctx, aware.summary.feasible_configurations(), calibrated, evidence,
+                               reference.configuration, **options)
+        if front.evidence is not evidence:
+            front.evidence.save(run.plan.run_dir)
+        agnostic = next(iter(inputs["agnostic search"].feasible_configurations()), None)
+        # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
+        # (free when the aware study validated the same NNs).
+        agnostic_validation = validate_configuration(reference.ctx, agnostic, **options) if agnostic else None
+        return Validated(front, agnostic, agnostic_validation)

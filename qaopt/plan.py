@@ -1,0 +1,231 @@
+"""The run plan: everything one ``qaopt optimize`` run decides before its first stage, read from the spec once.
+
+:func:`build_plan` is the one reader of the spec and the profile in the optimize
+pipeline. It resolves every budget (profile caps over spec values over options), the
+target, each NN's knob space, the run and cache folders, and binds the spec's
+application (simulator, QoS goal, field store, NNs) into :class:`BoundApplication`,
+whose typed methods are all the stages ask of it. Stages receive the frozen
+:class:`RunPlan` and typed artifacts, never the spec, so what a stage depends on is
+visible in the plan's fields, and a test builds a plan (or a part of one) without a
+YAML file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from qaopt import kernels
+from qaopt.app_spec import AppSpec
+from qaopt.calibrate import (
+    AcceptanceTest,
+    Application,
+    Calibration,
+    ErrorRegion,
+    Evidence,
+    Progress,
+    QoSGoal,
+)
+from qaopt.profiles import Profile, get_profile
+from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, make_evaluator
+
+AGNOSTIC_TOLERANCE = 0.02
+"""Accuracy-preserving compression may lose this much relative NN error (measurement noise)."""
+
+
+@dataclass(frozen=True)
+class ClosedLoopPlan:
+    """The closed-loop checks during the aware search: every ``every`` completed trials (0: none), at most
+    ``per_round`` configurations a round and ``cap`` in all (``None``: no cap), ``runs`` runs each."""
+
+    every: int
+    per_round: int
+    cap: int | None
+    runs: int
+
+
+@dataclass(frozen=True)
+class BoundApplication:
+    """The spec's application as the stages use it: its simulator, QoS goal, field evidence and NNs.
+
+    Built by :func:`build_plan`; it keeps the spec to itself and answers typed questions,
+    so no stage reads a spec section.
+    """
+
+    _spec: AppSpec = field(repr=False)
+
+    @property
+    def source(self) -> Path | None:
+        """The spec file, for messages that tell the user what to edit."""
+        return self._spec.source
+
+    @property
+    def key(self) -> str:
+        """What closed-loop runs depend on: the simulator, the QoS goal and the NNs (their data defines the axes)."""
+        return self._spec.content_hash("evaluator", "qos", "nns")
+
+    @property
+    def evaluation_key(self) -> str:
+        """What one closed-loop run's outcome depends on besides its NNs: the simulator and the QoS goal."""
+        return self._spec.content_hash("evaluator", "qos")
+
+    @property
+    def error_model(self) -> str:
+        return self._spec.calibration.error_model
+
+    @property
+    def goal(self) -> QoSGoal:
+        return goal_of(self._spec)
+
+    @property
+    def acceptance(self) -> AcceptanceTest:
+        return acceptance_of(self._spec)
+
+    def evaluator(self) -> Application:
+        """A new instance of the application's simulator (this process)."""
+        return make_evaluator(self._spec)
+
+    def remote(self) -> Callable[[], Application]:
+        """A picklable factory a pool worker builds the application with."""
+        from qaopt.executor import SpecEvaluator
+
+        return SpecEvaluator(self._spec)
+
+    def calibration(self, executor: Executor | None) -> Calibration:
+        from qaopt.region_calibration import build_calibration
+
+        return build_calibration(self._spec, executor=executor)
+
+    def calibrate(self, calibration: Calibration, budget: int, out: Path, evidence: Sequence[Evidence],
+                  info: Mapping[str, Any], progress: Callable[[Progress], None] | None) -> ErrorRegion:
+        """Chart the region with ``budget`` evaluations and write ``out/region.json`` (its one writer)."""
+        from qaopt.region_calibration import calibrate_spec
+
+        region, _ = calibrate_spec(self._spec, budget=budget, out=out, evidence=evidence, calibration=calibration,
+                                   info=info, progress=progress)
+        return region
+
+    def field_evidence(self) -> list[Evidence]:
+        from qaopt.field.evidence import spec_evidence
+
+        return list(spec_evidence(self._spec).evidence)
+
+    def target_nns(self, cache_dir: Path) -> dict[str, Any]:
+        """The spec's NNs as :class:`qaopt.approx.TargetNN`, their errors measured where the spec says."""
+        from qaopt.on_policy import target_nns
+
+        return target_nns(self._spec, cache_dir)
+
+    def nn_names(self) -> list[str]:
+        return list(self._spec.nns)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run's decisions, frozen: budgets, folders, the target, the knob spaces and the bound application."""
+
+    app: str
+    spec_hash: str
+    profile: Profile
+    application: BoundApplication
+    run_dir: Path
+    cache_dir: Path
+    storage_url: str
+    trials: int
+    objectives: tuple[str, ...]
+    seed: int
+    calibration_budget: int
+    region_file: Path | None
+    target: kernels.Target
+    train_device: str
+    knob_spaces: Mapping[str, Any]
+    """NN -> its :class:`qaopt.approx.KnobSpace` under the profile's caps and the target's backend."""
+    closed_loop: ClosedLoopPlan
+    validation_runs: int
+    validate_top: int
+    agnostic_tolerance: float = AGNOSTIC_TOLERANCE
+
+    @property
+    def source(self) -> Path | None:
+        return self.application.source
+
+    @property
+    def nn_names(self) -> list[str]:
+        return list(self.knob_spaces)
+
+    @property
+    def backend_name(self) -> str | None:
+        """The backend every candidate must run on, or ``None`` when ``auto`` picks one per candidate."""
+        return None if self.target.backend == "auto" else self.target.backend.name
+
+    def study_name(self, mode: str) -> str:
+        return f"{self.app}-{self.spec_hash}-{mode}"
+
+    @cached_property
+    def threads(self) -> int:
+        return self.target.threads or 1
+
+
+def build_plan(
+    spec: AppSpec, profile: str | Profile = "default", *, out: str | Path | None = None, storage: str | None = None,
+    trials: int | None = None, region: str | Path | None = None, calibration_budget: int | None = None,
+    say: Callable[[str], None] = print,
+) -> RunPlan:
+    """The plan of a run of ``spec`` under ``profile`` with the command's options (``None``: the spec's own).
+
+    ``say`` gets the notice when the spec's training device is missing here.
+    """
+    from qaopt.approx import KnobSpace, SearchLimits
+    from qaopt.training import training_device
+
+    prof = profile if isinstance(profile, Profile) else get_profile(profile)
+    if trials is not None:
+        prof = prof.model_copy(update={"trials": trials})
+    if calibration_budget is not None:
+        prof = prof.model_copy(update={"calibration_budget": calibration_budget})
+    run_dir = (Path(out) if out is not None else Path(spec.output.dir)).resolve()
+    target = _target(spec, prof)
+    backend = None if target.backend == "auto" else target.backend.name
+    limits = SearchLimits(prof.max_prune_steps, prof.max_finetune_steps, backend)
+    checks = spec.search.closed_loop
+    return RunPlan(
+        app=spec.app.name,
+        spec_hash=spec.content_hash(),
+        profile=prof,
+        application=BoundApplication(spec),
+        run_dir=run_dir,
+        cache_dir=cache_dir_of(spec),
+        storage_url=storage or spec.search.storage or f"sqlite:///{run_dir / 'study.db'}",
+        trials=prof.trials or spec.search.trials,
+        objectives=tuple(spec.search.objectives),
+        seed=spec.search.seed,
+        calibration_budget=spec.calibration.budget if prof.calibration_budget is None else prof.calibration_budget,
+        region_file=Path(region).resolve() if region is not None else None,
+        target=target,
+        train_device=training_device(spec.training, say),
+        knob_spaces={name: KnobSpace.from_section(spec.knobs_for(name), limits, nn=name) for name in spec.nns},
+        closed_loop=ClosedLoopPlan(
+            every=0 if prof.closed_loop_checks == 0 else checks.every,
+            per_round=checks.configurations,
+            cap=prof.closed_loop_checks,
+            runs=min(spec.qos.acceptance.min_trials, prof.validation_runs),
+        ),
+        validation_runs=prof.validation_runs,
+        validate_top=prof.validate_top,
+    )
+
+
+def _target(spec: AppSpec, prof: Profile) -> kernels.Target:
+    """The spec's target with the profile's cap on kernel tuning."""
+    target = kernels.Target.from_spec(spec.target)
+    if prof.tuning_trials is None:
+        return target
+    tuning = target.tuning
+    capped = (kernels.TuningBudget(0, None, tuning.database) if prof.tuning_trials == 0 else
+              kernels.TuningBudget(min(tuning.trials or prof.tuning_trials, prof.tuning_trials), tuning.seconds,
+                                   tuning.database))
+    return replace(target, tuning=capped)

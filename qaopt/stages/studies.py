@@ -1,0 +1,71 @@
+"""The search stages: the application-aware study, then the application-agnostic one.
+
+Both search the same per-NN knob spaces and share every cached candidate and
+measurement (:mod:`qaopt.search`). The aware study is judged by the region that the
+closed-loop checks own (:class:`~qaopt.stages.checks.ClosedLoopChecks`, which correct it
+as the study runs); the agnostic study by each NN's reference error, in a region
+nobody corrects. Each artifact is the study's :class:`~qaopt.result.StudySummary`; the
+study itself lives in the Optuna storage (``study.db`` or ``--storage``), under a name
+that holds the spec's hash, so a resumed run continues it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qaopt.pipeline import BaseStage, StageRun, register_stage
+from qaopt.result import StudySummary
+from qaopt.search import FixedRegion, run_study, summarize
+from qaopt.stages.checks import ClosedLoopChecks
+from qaopt.stages.reference import Reference
+from qaopt.stages.region import CalibratedRegion
+
+
+@dataclass(frozen=True)
+class AwareSearch:
+    """The aware study's summary, and the checks that ran during it (their evidence and the region's last version)."""
+
+    summary: StudySummary
+    checks: ClosedLoopChecks
+
+
+@register_stage
+class AwareStudyStage(BaseStage):
+    """The application-aware study: feasible inside the region, corrected by closed-loop checks as it runs."""
+
+    name = "aware search"
+    inputs = ("calibration", "reference NNs", "pruning ladders")
+    artifact = "the Optuna storage; closed_loop.json when a check fails"
+
+    def total(self, run: StageRun, inputs) -> float | None:
+        return run.plan.trials
+
+    def run(self, run: StageRun, inputs) -> AwareSearch:
+        reference: Reference = inputs["reference NNs"]
+        calibrated: CalibratedRegion = inputs["calibration"]
+        events = run.emitter(self.name)
+        checks = ClosedLoopChecks(reference.ctx, calibrated, events, executor=run.executor)
+        study = run_study(reference.ctx, "aware", run.storage, checks, events, on_done=checks)
+        checks.absorb(study)  # the checks other workers sharing the study ran, or a run before a kill
+        return AwareSearch(summarize(study, run.plan.objectives), checks)
+
+
+@register_stage
+class AgnosticStudyStage(BaseStage):
+    """The application-agnostic study: each NN within its reference error (accuracy-preserving compression)."""
+
+    name = "agnostic search"
+    inputs = ("reference NNs", "pruning ladders", "aware search")
+    artifact = "the Optuna storage"
+
+    def total(self, run: StageRun, inputs) -> float | None:
+        return run.plan.trials
+
+    def run(self, run: StageRun, inputs) -> StudySummary:
+        reference: Reference = inputs["reference NNs"]
+        aware: AwareSearch = inputs["aware search"]
+        # The region as the aware study's checks left it: an agnostic configuration's "in region" is judged by
+        # what the run knows at the end, the same evidence validation starts from.
+        region = FixedRegion(aware.checks.current().region)
+        study = run_study(reference.ctx, "agnostic", run.storage, region, run.emitter(self.name))
+        return summarize(study, run.plan.objectives)

@@ -26,6 +26,7 @@ from pydantic import (
 from .entrypoints import check_syntax
 from .hashing import content_hash
 from .nn_errors import CLASS_COMPONENTS, CLASS_METRICS, Component, MetricKind, axis_name
+from .store import DEFAULT_CACHE_DIR
 
 EntryPoint = Annotated[str, AfterValidator(check_syntax)]
 """A ``package.module:attribute`` reference to user code."""
@@ -446,7 +447,7 @@ class OutputSpec(Section):
     """Where runs write their results, and where expensive results are cached across runs."""
 
     dir: SpecPath = Path("runs")
-    cache_dir: SpecPath = Path(".qaopt-cache")
+    cache_dir: SpecPath = DEFAULT_CACHE_DIR  # the one default, app_spec.store's
     cluster: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9+.-]*://\S+$", max_length=500, description=(
         "address of a Dask scheduler (tcp://host:8786) that runs calibration's and closed-loop validation's "
         "simulator runs; --cluster overrides it; without it they run in a local process pool"))

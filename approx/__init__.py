@@ -25,7 +25,7 @@ _EXPORTS = {
     "ApproxError": ".errors",
     "ApproximationPass": ".passes",
     "BuildContext": ".passes",
-    "OnnxToolchain": ".passes",
+    "OnnxToolchain": ".toolchain",
     "PassConfig": ".passes",
     "PassKnobs": ".passes",
     "SearchLimits": ".passes",

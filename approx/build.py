@@ -24,11 +24,10 @@ from qaopt.app_spec.hashing import content_hash
 
 from .cache import Store
 from .candidate import Candidate
-from .finetune import Distiller, FinetuneRecipe, teacher_outputs
+from .finetune import Distiller, FinetuneRecipe, teacher_outputs, tuned
 from .knobs import Knobs
 from .ladder import Ladder
 from .passes import BuildContext, OnnxToolchain, Runnable, passes
-from .passes.finetune import tuned
 from .quantize import predict_onnx, predict_torch
 from .target import TargetNN
 

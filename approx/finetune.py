@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -41,6 +41,15 @@ class FinetuneRecipe:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def tuned(recipe: FinetuneRecipe, knobs) -> FinetuneRecipe:
+    """``recipe`` with the knobs' learning rate and batch size where they set one (the recipe a candidate is built with).
+
+    It lives with the recipe, not with the fine-tuning pass that declares those knobs: the
+    ladder and the builder need it, and the pass registry must not be imported from there.
+    """
+    return replace(recipe, lr=knobs.finetune_lr or recipe.lr, batch_size=knobs.finetune_batch_size or recipe.batch_size)
 
 
 class Distiller:

@@ -43,7 +43,7 @@ from qaopt.app_spec.store import read_json, write_json
 
 from .cache import Store
 from .errors import ApproxError
-from .finetune import Distiller, FinetuneRecipe, teacher_outputs
+from .finetune import Distiller, FinetuneRecipe, teacher_outputs, tuned
 from .pruning import channel_counts, kept_channels, output_heads, prune_to
 from .quantize import predict_torch
 from .target import TargetNN
@@ -236,7 +236,5 @@ def ladder_of(
     """
     if knobs.ladder_step <= 0:
         raise ValueError("these knobs prune from scratch (ladder_step 0): they take no rung of a ladder")
-    from .passes.finetune import tuned
-
     store = Store(cache_dir)
     return Ladder(nn_, LadderRecipe.of(knobs), tuned(recipe, knobs), store, lambda: teacher_outputs(nn_, store, device), device=device, progress=progress)

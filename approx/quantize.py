@@ -16,7 +16,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from torch import nn
 
 from .errors import ApproxError
-from .passes.base import OnnxToolchain
+from .toolchain import OnnxToolchain
 
 INPUT = "input"
 """The input name of every ONNX graph the toolchain exports."""

@@ -317,7 +317,7 @@ def _draw_panel(ax: Axes, region: ErrorRegion, panel: Panel, resolution: int, sh
     for pp in panel.points:
         p = pp.point
         px, py = p.errors[panel.x], p.errors[panel.y]
-        sim_only = p.sources == ("simulator",)  # region.SIMULATOR; importing it would close an import circle
+        sim_only = p.simulator_only
         colour = "darkgreen" if p.valid else "orange" if p.borderline else "darkred"
         alpha = 1.0 if pp.on_slice else FAINT
         ax.scatter(px, py, marker="o" if sim_only else "*", s=30 if sim_only else 120, c=colour, alpha=alpha,

@@ -107,6 +107,15 @@ class LabelledPoint:
     overturned: bool  # the field's verdict replaced the simulator's here
     borderline: bool = False  # the simulator's test ran out of runs undecided (counted as not valid)
 
+    @property
+    def simulator_only(self) -> bool:
+        """Whether only simulator runs label the point (no field evidence).
+
+        Asked of the point, so that the plot, which draws the two kinds apart, needs
+        nothing of this module at run time (this module imports the plot).
+        """
+        return self.sources == (SIMULATOR,)
+
 
 class ErrorRegion:
     """Observations over an :class:`ErrorSpace`, judged by an :class:`AcceptanceTest`."""

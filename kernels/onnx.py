@@ -64,12 +64,14 @@ def export_onnx(module: Any, example_inputs: Sequence[Any], path: str | Path) ->
     return path
 
 
-def ort_session(path: str | Path, threads: int | None = None, device: str = "cpu") -> onnxruntime.InferenceSession:
+def ort_session(path: str | Path | bytes, threads: int | None = None, device: str = "cpu") -> onnxruntime.InferenceSession:
     """An ONNX Runtime session: all graph optimizations, one inter-op thread, ``threads`` intra-op threads.
 
     The pool's threads sleep after each run instead of spinning: spinning threads
     steal the cores from the rest of the application (and from the other NNs of a
-    parallel schedule). ``device`` 'cuda' uses the CUDA execution provider.
+    parallel schedule). ``device`` 'cuda' uses the CUDA execution provider. ``path``
+    may be the ONNX file's bytes, for a process that has the graph but not the file
+    (a validation worker, :class:`qaopt.executor.ShippedNN`).
     """
     import onnxruntime as ort
 
@@ -80,7 +82,7 @@ def ort_session(path: str | Path, threads: int | None = None, device: str = "cpu
         options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-    return ort.InferenceSession(str(path), options, providers=providers)
+    return ort.InferenceSession(path if isinstance(path, bytes) else str(path), options, providers=providers)
 
 
 def onnx_param_bytes(path: str | Path) -> int:

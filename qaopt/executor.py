@@ -395,7 +395,8 @@ class ShippedNN:
 
     Built from a :class:`qaopt.approx.Candidate` here and sent to workers by value, so
     they need no shared cache to run it. Its ONNX Runtime session is opened on first
-    call in the worker, with one thread.
+    call in the worker, with one thread, by the session factory every other session
+    comes from (:func:`qaopt.kernels.onnx.ort_session`).
     """
 
     def __init__(self, candidate: Any):
@@ -413,11 +414,9 @@ class ShippedNN:
         if self.onnx is None:
             return predict_torch(self.module, x)
         if self._session is None:
-            import onnxruntime as ort
+            from qaopt.kernels.onnx import ort_session
 
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-            self._session = ort.InferenceSession(self.onnx, opts, providers=["CPUExecutionProvider"])
+            self._session = ort_session(self.onnx, threads=1)
         return predict_onnx(self._session, x)
 
 

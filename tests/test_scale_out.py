@@ -133,6 +133,28 @@ def _validation_spec():
                                                                        "acceptance": acceptance})})
 
 
+def test_a_shipped_int8_nn_runs_its_bytes_in_kernels_session(tmp_path):
+    """A validation worker gets an int8 NN's ONNX bytes, not a path, and opens the session kernels' factory opens."""
+    import pickle
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from qaopt import kernels
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).eval()
+    path = kernels.export_onnx(model, [torch.rand(1, 3)], tmp_path / "nn.onnx")
+    shipped = pickle.loads(pickle.dumps(executor_module.ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=path))))
+    path.unlink()  # the worker has only the bytes
+    x = np.random.default_rng(0).random((5, 3), dtype=np.float32)
+    np.testing.assert_allclose(shipped(x), model(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    options = shipped._session.get_session_options()
+    assert options.intra_op_num_threads == 1 and options.inter_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 @pytest.mark.parametrize("failing", [(), (112,), (100, 140)])
 def test_validation_gives_the_serial_verdict_for_any_number_of_workers(failing):
     spec, app = _validation_spec(), ScriptedPerceptionApp(failing)

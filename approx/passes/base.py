@@ -24,12 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from optuna.distributions import FloatDistribution, IntDistribution
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from qaopt.app_spec.errors import QaoptError
+
+from ..toolchain import OnnxToolchain
 
 if TYPE_CHECKING:
     from torch import nn
@@ -87,18 +89,6 @@ class SearchLimits:
     max_prune_steps: int | None = None
     max_finetune_steps: int | None = None
     backend: str | None = None
-
-
-class OnnxToolchain(Protocol):
-    """Exports a torch module to ONNX and opens ONNX Runtime sessions (``qaopt.kernels.onnx`` is one).
-
-    Graphs have one input named ``input`` and one output named ``output``, with a
-    dynamic batch dimension. approx takes it by injection: it never imports kernels.
-    """
-
-    def export_onnx(self, module: Any, example_inputs: Sequence, path: str | Path) -> Path: ...
-
-    def ort_session(self, path: str | Path, threads: int | None = None, device: str = "cpu") -> Any: ...
 
 
 @dataclass

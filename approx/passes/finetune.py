@@ -7,7 +7,6 @@ nothing damaged, the whole budget fine-tunes the NN at the end.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
@@ -33,11 +32,6 @@ class FinetuneKnobs(PassKnobs):
     """0: the recipe's batch size."""
 
 
-def tuned(recipe, knobs):
-    """``recipe`` with the knobs' learning rate and batch size where they set one (the recipe a candidate is built with)."""
-    return replace(recipe, lr=knobs.finetune_lr or recipe.lr, batch_size=knobs.finetune_batch_size or recipe.batch_size)
-
-
 @register_pass
 class FinetunePass(ApproximationPass):
     name = "finetune"
@@ -55,7 +49,7 @@ class FinetunePass(ApproximationPass):
                 "finetune_lr": config.lr or 0.0, "finetune_batch_size": config.batch_size or 0}
 
     def identity(self, knobs) -> dict[str, Any]:
-        # The learning rate and batch size key a candidate through its recipe (:func:`tuned`), as the defaults do.
+        # The learning rate and batch size key a candidate through its recipe (:func:`qaopt.approx.finetune.tuned`), as the defaults do.
         return {"finetune_steps": knobs.finetune_steps}
 
     def describe(self, knobs) -> dict[str, str]:

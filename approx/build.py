@@ -66,7 +66,7 @@ def build(
         folder = store.entry("candidates", key)
         meta = store.load_meta(folder)
         if meta is not None:
-            return _load(store, folder, meta, nn_.name, knobs, onnx)
+            return _load(store, folder, meta, nn_, knobs, onnx)
         start = time.perf_counter()
         ctx = _context(nn_, knobs, recipe, store, device, onnx, progress)
         float_key, model = _float_model(nn_, knobs, recipe, store, ctx)
@@ -90,7 +90,7 @@ def build(
             }
             np.savez(tmp / "residuals.npz", *nn_.metric.residuals(pred, d.y_val, d.val_sequences))
             store.save_meta(meta, tmp)
-        return _load(store, store.entry("candidates", key), meta, nn_.name, knobs, onnx, from_cache=False)
+        return _load(store, store.entry("candidates", key), meta, nn_, knobs, onnx, from_cache=False)
 
 
 def _predict(runnable: Runnable, onnx: OnnxToolchain | None, x: np.ndarray, device: str) -> np.ndarray:
@@ -100,7 +100,7 @@ def _predict(runnable: Runnable, onnx: OnnxToolchain | None, x: np.ndarray, devi
     return predict_torch(runnable.module, x, device=device)
 
 
-def _load(store: Store, folder: Path, meta: dict, nn_name: str, knobs: Knobs, onnx: OnnxToolchain | None,
+def _load(store: Store, folder: Path, meta: dict, nn_: TargetNN, knobs: Knobs, onnx: OnnxToolchain | None,
           from_cache: bool = True) -> Candidate:
     with np.load(folder / "residuals.npz") as npz:
         residuals = tuple(npz[f"arr_{i}"] for i in range(len(npz.files)))
@@ -108,7 +108,7 @@ def _load(store: Store, folder: Path, meta: dict, nn_name: str, knobs: Knobs, on
     for p in passes("export"):
         runnable = p.restore(runnable, knobs, folder)
     return Candidate(
-        nn=nn_name,
+        nn=nn_.name,
         knobs=knobs,
         key=folder.name,
         module=runnable.module,
@@ -121,6 +121,7 @@ def _load(store: Store, folder: Path, meta: dict, nn_name: str, knobs: Knobs, on
         params=meta["params"],
         build_seconds=meta["build_seconds"],
         from_cache=from_cache,
+        input_shape=nn_.input_shape,
         onnx=onnx,
     )
 

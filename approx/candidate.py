@@ -28,6 +28,12 @@ class Candidate:
     validation drive, in time order. MACs and parameters are counted on the pruned
     model: reported beside latency, never in its place. ``key`` is the content hash
     the candidate is cached under.
+
+    A candidate carries its own input: ``input_shape`` (batch included) is what its module
+    takes, which a knob may change (a lower input resolution), so measuring and exporting
+    read it here, never from the spec. ``serves`` names the spec's NNs whose outputs it
+    computes: the NN itself, or several when one module replaces them (a shared backbone);
+    a frame runs such a module once for all of them.
     """
 
     nn: str
@@ -43,11 +49,21 @@ class Candidate:
     params: int
     build_seconds: float
     from_cache: bool
+    input_shape: tuple[int, ...] = ()
+    serves: tuple[str, ...] = ()
     onnx: OnnxToolchain | None = None
+
+    def __post_init__(self) -> None:
+        if not self.serves:
+            object.__setattr__(self, "serves", (self.nn,))
 
     @property
     def dtype(self) -> str:
         return self.knobs.dtype
+
+    def example(self) -> np.ndarray:
+        """A zero input of the candidate's own shape: what it is compiled and timed on."""
+        return np.zeros(self.input_shape, dtype=np.float32)
 
     @property
     def nonfinite_outputs(self) -> str | None:

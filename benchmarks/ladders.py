@@ -30,7 +30,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from qaopt import kernels
@@ -134,14 +133,13 @@ def _latencies(report: dict, ladder_knobs: dict[str, Knobs], nns: dict, spec, ca
     target = kernels.Target.from_spec(spec.target.model_copy(update={"threads": threads, "backend": "onnxruntime"}))
     report["latency"] = {"backend": "onnxruntime", "dtype": "fp32", "threads": threads, "cpu": _cpu_model()}
     for name, knobs in ladder_knobs.items():
-        example = np.zeros(nns[name].input_shape, dtype=np.float32)
         entry = report[name]
         entry["reference_ms"] = untuned_latency(build(nns[name], Knobs(seed=spec.search.seed), cache_dir=cache,
-                                                      onnx=kernels.onnx), example, target, cache)[1]
+                                                      onnx=kernels.onnx), target, cache)[1]
         for row in entry["rungs"]:
             cand = build(nns[name], Knobs(**{**knobs.model_dump(), "prune_ratio": row["ratio"]}), cache_dir=cache,
                          onnx=kernels.onnx)
-            row["ms"] = untuned_latency(cand, example, target, cache)[1]
+            row["ms"] = untuned_latency(cand, target, cache)[1]
             print(f"{name} rung {row['rung']}: {row['ms']:.2f} ms")
 
 

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from qaopt import kernels
 from qaopt.approx import Candidate
 from qaopt.result import Latency, NNChoice
@@ -46,10 +44,23 @@ def latency_of(parts: Sequence[kernels.Measurement]) -> Latency:
                    epoch=" + ".join(dict.fromkeys(p.epoch for p in parts)))
 
 
-def workload_of(candidate: Candidate, example: np.ndarray) -> kernels.Workload:
-    """What kernels compiles for a candidate: the int8 ONNX graph, else the torch module, on the backends of its dtype."""
+def workload_of(candidate: Candidate) -> kernels.Workload:
+    """What kernels compiles for a candidate: the int8 ONNX graph, else the torch module, on the backends of its dtype,
+    with an input of the candidate's own shape."""
     model = candidate.onnx_path if candidate.onnx_path is not None else candidate.module
-    return kernels.Workload(model, (example,), tuple(candidate.runnable_on))
+    return kernels.Workload(model, (candidate.example(),), tuple(candidate.runnable_on))
+
+
+def frame_models(candidates: Mapping[str, Candidate]) -> dict[str, Candidate]:
+    """The models a frame runs: one per distinct candidate, named by the first of the NNs it serves here.
+
+    A candidate that serves several of the configuration's NNs (one module in place of them)
+    runs once per frame, not once per NN.
+    """
+    first: dict[str, str] = {}
+    for name in sorted(candidates):
+        first.setdefault(candidates[name].key, name)
+    return {name: candidates[name] for name in first.values()}
 
 
 def _measured(candidate: Candidate, measured: kernels.MeasuredModel) -> MeasuredNN:
@@ -69,44 +80,49 @@ def _measured(candidate: Candidate, measured: kernels.MeasuredModel) -> Measured
     return MeasuredNN(candidate, measured.compiled, choice)
 
 
+def _by_nn(candidates: Mapping[str, Candidate], models: Mapping[str, kernels.MeasuredModel]) -> dict[str, MeasuredNN]:
+    """Each NN of the configuration with the measurement of the frame model that serves it."""
+    served = {c.key: models[name] for name, c in frame_models(candidates).items()}
+    return {n: _measured(c, served[c.key]) for n, c in candidates.items()}
+
+
 def measure_configuration(
     candidates: Mapping[str, Candidate],
-    examples: Mapping[str, np.ndarray],
     schedule: kernels.Schedule,
     target: kernels.Target,
     cache_dir: Path,
     incumbent_ms: float | None = None,
 ) -> MeasuredConfiguration:
-    """Compile every NN for ``schedule``; return them with the frame latency (ms, with its interval) and memory."""
-    frame = kernels.measure_frame({n: workload_of(c, examples[n]) for n, c in candidates.items()}, schedule, target,
+    """Compile every model of the frame for ``schedule``; return each NN's figures with the frame latency (ms, with
+    its interval) and memory."""
+    frame = kernels.measure_frame({n: workload_of(c) for n, c in frame_models(candidates).items()}, schedule, target,
                                   cache_dir=cache_dir, incumbent_ms=incumbent_ms)
-    measured = {n: _measured(candidates[n], m) for n, m in frame.models.items()}
-    return MeasuredConfiguration(measured, frame.latency_ms, frame.memory_bytes, latency_of(frame.parts))
+    return MeasuredConfiguration(_by_nn(candidates, frame.models), frame.latency_ms, frame.memory_bytes,
+                                 latency_of(frame.parts))
 
 
-def quick_latency(candidates: Mapping[str, Candidate], examples: Mapping[str, np.ndarray], target: kernels.Target,
-                  cache_dir: Path) -> tuple[float, int | None]:
+def quick_latency(candidates: Mapping[str, Candidate], target: kernels.Target, cache_dir: Path
+                  ) -> tuple[float, int | None]:
     """The quick untuned figure of a configuration (sequential): :func:`qaopt.kernels.measure_untuned`."""
-    frame = kernels.measure_untuned({n: workload_of(c, examples[n]) for n, c in candidates.items()}, target,
+    frame = kernels.measure_untuned({n: workload_of(c) for n, c in frame_models(candidates).items()}, target,
                                     cache_dir=cache_dir)
     return frame.latency_ms, frame.memory_bytes
 
 
-def compile_choice(candidate: Candidate, example: np.ndarray, choice: NNChoice, target: kernels.Target,
-                   cache_dir: Path) -> Any:
+def compile_choice(candidate: Candidate, choice: NNChoice, target: kernels.Target, cache_dir: Path) -> Any:
     """The candidate compiled again on the backend its measurement chose (``choice.backend``), for export."""
-    workload = workload_of(candidate, example)
+    workload = workload_of(candidate)
     return kernels.compile(workload.model, workload.example_inputs, target.with_backend(choice.backend),
                            cache_dir=cache_dir)
 
 
-def untuned_latency(candidate: Candidate, example: np.ndarray, target: kernels.Target, cache_dir: Path | None = None,
+def untuned_latency(candidate: Candidate, target: kernels.Target, cache_dir: Path | None = None,
                     protocol: kernels.Protocol = kernels.Protocol()) -> tuple[str, float]:
     """``(backend, median ms)`` of one candidate, untuned on the first backend that runs its dtype.
 
     ``protocol`` defaults to the one ``optimize`` measures with, so a sweep's figures compare with a run's.
     """
-    frame = kernels.measure_untuned({candidate.nn: workload_of(candidate, example)}, target, cache_dir=cache_dir,
+    frame = kernels.measure_untuned({candidate.nn: workload_of(candidate)}, target, cache_dir=cache_dir,
                                     protocol=protocol)
     measured = frame.models[candidate.nn]
     return measured.backend, measured.measurement.median_ms

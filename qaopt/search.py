@@ -166,9 +166,6 @@ class SearchContext:
         """Each NN with nothing approximated, under the run's seed."""
         return {name: Knobs(seed=self.plan.seed) for name in self.nns}
 
-    def examples(self) -> dict[str, np.ndarray]:
-        return {name: np.zeros(nn.input_shape, dtype=np.float32) for name, nn in self.nns.items()}
-
     def build(self, name: str, knobs: Knobs | Mapping[str, Any]) -> Candidate:
         """NN ``name``'s candidate for ``knobs`` (a :class:`Knobs` or the dict a result stores), built or loaded."""
         knobs = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(knobs)
@@ -193,9 +190,8 @@ class SearchContext:
         (the study's fastest so far) lets kernel tuning stop where it cannot win."""
         key = (_nns_key(candidates), schedule)
         if key not in self._measured:
-            self._measured[key] = measure_configuration(
-                candidates, self.examples(), schedule, self.target, self.cache_dir, incumbent_ms
-            )
+            self._measured[key] = measure_configuration(candidates, schedule, self.target, self.cache_dir,
+                                                        incumbent_ms)
         return self._measured[key]
 
     def quick(self, candidates: Mapping[str, Candidate]) -> tuple[float, int | None]:
@@ -209,7 +205,7 @@ class SearchContext:
         if full is not None:
             return full.latency_ms, full.memory_bytes
         if nns not in self._quick:
-            self._quick[nns] = quick_latency(candidates, self.examples(), self.target, self.cache_dir)
+            self._quick[nns] = quick_latency(candidates, self.target, self.cache_dir)
         return self._quick[nns]
 
     def errors_of(self, candidates: Mapping[str, Candidate]) -> dict[str, float]:

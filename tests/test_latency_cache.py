@@ -20,11 +20,11 @@ def ctx(monkeypatch):
     """A search context whose measurements are counted instead of timed."""
     calls = {"full": 0, "quick": 0}
 
-    def full(candidates, examples, schedule, target, cache_dir, incumbent_ms=None):
+    def full(candidates, schedule, target, cache_dir, incumbent_ms=None):
         calls["full"] += 1
         return MeasuredConfiguration({}, 1.0 + calls["full"], 100, _latency(1.0 + calls["full"]))
 
-    def quick(candidates, examples, target, cache_dir):
+    def quick(candidates, target, cache_dir):
         calls["quick"] += 1
         return 10.0 + calls["quick"], 200
 

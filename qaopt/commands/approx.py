@@ -103,8 +103,6 @@ def _spec_with_nn(spec: Path, nn: str):
 def _tabulate(app_spec, nn: str, knob: str, points: list, base, *, latency: bool, threads: int | None,
               device: str | None) -> None:
     """Build (or load) the candidate of each point along ``knob`` and print the table."""
-    import numpy as np
-
     from qaopt import kernels
     from qaopt.app_spec.schema import TRAINING_DEVICES, TrainingSpec
     from qaopt.approx import sweep as sweep_candidates
@@ -137,7 +135,7 @@ def _tabulate(app_spec, nn: str, knob: str, points: list, base, *, latency: bool
             timing = None
             if latency:
                 bar.update(task, description="timing")
-                timing = untuned_latency(cand, np.zeros(target.input_shape, dtype=np.float32), kernels.Target.from_spec(
+                timing = untuned_latency(cand, kernels.Target.from_spec(
                     app_spec.target.model_copy(update={"threads": threads or app_spec.target.threads or 2})), cache_dir)
             rows.append((point, cand, timing))
             bar.advance(task)

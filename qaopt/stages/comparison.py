@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from qaopt import kernels
-from qaopt.measuring import compile_choice, latency_of
+from qaopt.measuring import compile_choice, frame_models, latency_of
 from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.result import Configuration
 from qaopt.search import SearchContext
@@ -35,16 +35,16 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
     """
     frames: dict[tuple, tuple[dict, kernels.Schedule]] = {}
     keys: dict[str, tuple] = {}
-    examples = ctx.examples()
     for name, config in configurations.items():
         if config is None:
             continue
         key = (config.schedule, tuple(sorted((n, c.candidate, c.backend) for n, c in config.nns.items())))
         keys[name] = key
         if key not in frames:
-            target = kernels.frame_target(ctx.target, config.schedule, len(config.nns))
-            frames[key] = ({n: compile_choice(ctx.build(n, c.knobs), examples[n], c, target, ctx.cache_dir)
-                            for n, c in config.nns.items()}, config.schedule)
+            models = frame_models({n: ctx.build(n, c.knobs) for n, c in config.nns.items()})
+            target = kernels.frame_target(ctx.target, config.schedule, len(models))
+            frames[key] = ({n: compile_choice(candidate, config.nns[n], target, ctx.cache_dir)
+                            for n, candidate in models.items()}, config.schedule)
     measured = kernels.compare_frames({str(i): frame for i, frame in enumerate(frames.values())}, ctx.target,
                                       rounds=ROUNDS)
     by_key = {key: measured[str(i)] for i, key in enumerate(frames)}

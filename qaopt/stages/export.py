@@ -52,8 +52,9 @@ def export_configuration(ctx: SearchContext, config: Configuration, folder: Path
             if candidate.onnx_path is not None:
                 shutil.copyfile(candidate.onnx_path, tmp)
             else:  # a float copy: the candidate's own module keeps its dtype for the compiled export below
-                kernels.export_onnx(copy.deepcopy(candidate.module).float(), [ctx.nns[name].example_input], tmp)
-        compiled = compile_choice(candidate, ctx.examples()[name], choice, ctx.target, ctx.cache_dir)
+                kernels.export_onnx(copy.deepcopy(candidate.module).float(), [torch.from_numpy(candidate.example())],
+                                    tmp)
+        compiled = compile_choice(candidate, choice, ctx.target, ctx.cache_dir)
         files["compiled"] = compiled.export(nn_dir / f"compiled-{choice.backend}")
         out[name] = files
     return out

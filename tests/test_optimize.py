@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import signal
@@ -20,8 +21,8 @@ import yaml
 from optuna.trial import TrialState
 from rich.console import Console
 
-import qaopt.search as search_module
 import qaopt.region_calibration as region_calibration
+import qaopt.search as search_module
 import qaopt.stages.validation as validation_stage
 from qaopt import optimize
 from qaopt.result import Result
@@ -83,7 +84,9 @@ def test_artifacts_are_deployable(tiny_run):
 
     _, result = tiny_run
     for nn, files in result.artifacts.items():
-        assert set(files) == {"module", "state_dict", "onnx", "compiled"}
+        assert set(files) == {"module", "state_dict", "onnx", "compiled", "form"}
+        form = json.loads(Path(files["form"]).read_text())["data"]
+        assert form == {"runs": "torch", "input_shape": [1, 1, 8, 8], "serves": [nn]}, "the tiny app's NNs are fp32"
         session = ort.InferenceSession(str(files["onnx"]), providers=["CPUExecutionProvider"])
         out = session.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})[0]
         assert out.shape == (1, 1) and np.isfinite(out).all()

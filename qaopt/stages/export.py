@@ -8,7 +8,10 @@
 - ``model.onnx``: the graph that ran: the int8 QDQ graph for int8, else the float
   module exported by :func:`qaopt.kernels.export_onnx`. Every one has the input
   ``input``, the output ``output`` and a dynamic batch axis 0.
-- the compiled library of the backend that was measured.
+- the compiled library of the backend that was measured;
+- ``artifact.json``: what the NN runs (its ONNX graph or its torch module), its input
+  shape and the spec's NNs it serves, as the candidate says, so :func:`load_artifacts`
+  never infers them from a knob's value.
 
 Each file is written atomically, so a killed export never leaves a file a later run
 mistakes for whole.
@@ -35,6 +38,10 @@ ARTIFACTS = "artifacts"
 MODULE_FILE = "module.pt"
 STATE_DICT_FILE = "state_dict.pt"
 ONNX_FILE = "model.onnx"
+FORM_FILE = "artifact.json"
+FORM_KIND, FORM_VERSION = "qaopt.artifact", 1
+RUNS_ONNX, RUNS_TORCH = "onnx", "torch"
+"""What a deployed NN runs: its ONNX graph (a candidate whose form is an ONNX file, e.g. int8), or its torch module."""
 
 
 def export_configuration(ctx: SearchContext, config: Configuration, folder: Path) -> dict[str, dict[str, Path]]:
@@ -56,6 +63,10 @@ def export_configuration(ctx: SearchContext, config: Configuration, folder: Path
                                     tmp)
         compiled = compile_choice(candidate, choice, ctx.target, ctx.cache_dir)
         files["compiled"] = compiled.export(nn_dir / f"compiled-{choice.backend}")
+        # What load_artifacts needs to rebuild it, read from the candidate, not from its knobs.
+        files["form"] = store.write_json(nn_dir / FORM_FILE, FORM_KIND, FORM_VERSION, {
+            "runs": RUNS_ONNX if candidate.onnx_path is not None else RUNS_TORCH,
+            "input_shape": list(candidate.input_shape), "serves": list(candidate.serves)})
         out[name] = files
     return out
 
@@ -84,10 +95,21 @@ def load_artifacts(run_dir: str | Path, threads: int | None = None) -> dict[str,
             raise QaoptError(f"{nn_dir / MODULE_FILE}: missing; this run's artifacts predate it: run `qaopt optimize` "
                              "again (it resumes from the cache and writes them)")
         module = torch.load(nn_dir / MODULE_FILE, weights_only=False, map_location="cpu").eval()
-        if choice.knobs.get("dtype") == "int8":
+        if _runs(nn_dir, choice.knobs) == RUNS_ONNX:
             module = OnnxModule(nn_dir / ONNX_FILE, module, threads)
         modules[name] = module
     return modules
+
+
+def _runs(nn_dir: Path, knobs: dict) -> str:
+    """What the NN exported to ``nn_dir`` runs (:data:`RUNS_ONNX` or :data:`RUNS_TORCH`), as export recorded it.
+
+    Artifacts exported before the record existed ran their ONNX graph exactly when they were int8.
+    """
+    form = store.read_json(nn_dir / FORM_FILE, FORM_KIND, FORM_VERSION)
+    if isinstance(form, dict) and form.get("runs") in (RUNS_ONNX, RUNS_TORCH):
+        return form["runs"]
+    return RUNS_ONNX if knobs.get("dtype") == "int8" else RUNS_TORCH
 
 
 class OnnxModule(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""Which backends run a dtype: declared by :mod:`qaopt.kernels`' backends, asked by :mod:`qaopt.approx`'s quantization pass.
+"""Which backends run a dtype: declared by qaopt.kernels' backends, asked by qaopt.approx's quantization pass.
 
 The two components never import each other, so the question cannot be asked
 directly: ``qaopt``, which composes them, installs the answer here when it is

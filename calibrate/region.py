@@ -4,8 +4,9 @@ An :class:`ErrorRegion` holds every observation (a point, its runs, its verdict,
 its source) and answers ``contains(errors)`` in two modes:
 
 - ``certified``: safe at the spec's confidence. How depends on the region's
-  ``certifier`` (:mod:`qaopt.calibrate.certifiers`, an open registry): ``pooled`` (the default) judges the region with one monotone
-  statistical model of the failure probability fitted to every run at every point
+  ``certifier`` (:mod:`qaopt.calibrate.certifiers`, an open registry): ``pooled``
+  (the default) judges the region with one monotone statistical model of the
+  failure probability fitted to every run at every point
   (:class:`~qaopt.calibrate.pooled.PooledCertifier`), so evidence near the boundary is
   shared and a point failing 2 % of the time can be certified where its own 96 runs
   never could; ``per-point`` certifies what is dominated by a point its own runs

@@ -49,7 +49,7 @@ class Registry(Mapping[str, T], Generic[T]):
         self._entries.pop(name, None)
 
     def lookup(self, name: str) -> T:
-        """The entry registered under ``name``; an unknown name is a :class:`CalibrationError` listing the known ones."""
+        """The entry registered under ``name``; an unknown name is a :class:`CalibrationError` listing the others."""
         try:
             return self._entries[name]
         except KeyError:

@@ -105,7 +105,8 @@ def _calibration_problems(spec: AppSpec) -> list[Problem]:
     for field, registry in (("error_model", ERROR_MODELS), ("strategy", STRATEGIES), ("certifier", CERTIFIERS)):
         name = getattr(spec.calibration, field)
         if name not in registry:
-            errors.append({"loc": ("calibration", field), "msg": registry.unknown(name).removeprefix(f"{registry.field}: ")})
+            message = registry.unknown(name).removeprefix(f"{registry.field}: ")
+            errors.append({"loc": ("calibration", field), "msg": message})
     return located(spec, errors)
 
 

@@ -69,7 +69,7 @@ def _spec(tmp_path: Path, edit) -> Path:
 
 
 def _located(path: Path, field: str, edit) -> str:
-    """The one problem ``load_spec`` reports for the spec ``edit`` makes at ``path``, checked to sit at ``field``'s line."""
+    """The one problem ``load_spec`` reports for the spec ``edit`` makes at ``path``, found at ``field``'s line."""
     with pytest.raises(SpecError) as err:
         load_spec(_spec(path.parent, edit))
     (problem,) = err.value.problems

@@ -114,7 +114,7 @@ class QuantizationPass(ApproximationPass):
             raise ApproxError(
                 nn,
                 "dtype",
-                f"{knobs.dtype} has no kernels on backend {backend!r}; it runs on {', '.join(runs)}. "
+                f"{knobs.dtype} has no kernels on backend {backend!r}; it runs on {', '.join(runs) or 'no backend'}. "
                 f"Choose one of those backends or drop {knobs.dtype} from approximations.quantization.dtypes",
             )
 

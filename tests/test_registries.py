@@ -9,6 +9,7 @@ end with the test, so no other test sees them.
 
 from __future__ import annotations
 
+import pickle
 import re
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from qaopt.calibrate import (
     ErrorRegion,
     ErrorSpace,
     Verdict,
+    make_error_model,
     register_certifier,
     register_error_model,
     unregister_certifier,
@@ -96,6 +98,10 @@ def test_an_error_model_registered_by_a_plugin_calibrates(plugins, tmp_path):
     truth = np.zeros(20_000)
     errors = inject(truth, np.random.default_rng(0), 0)
     assert np.abs(errors).mean() == pytest.approx(0.2, rel=0.02) and np.abs(errors).max() <= 0.4
+    assert pickle.loads(pickle.dumps(inject)) == inject  # a process pool's workers receive it pickled
+    # A detector under the toy model flips independently per frame, as the model declares (detector_bursts).
+    detector = make_error_model("uniform", "miss_rate")
+    assert (detector.error_model, detector.miss_burst_steps, detector.false_alarm_burst_steps) == ("uniform", 1.0, 1.0)
     region, _ = calibrate_spec(spec, out=tmp_path / "out", calibration=cal)
     assert region.evaluations == 2 and region.info["error_models"]["a"]["model"] == "uniform"
     assert region.observations[0].verdict is Verdict.VALID  # the reference point: no error

@@ -21,6 +21,18 @@ SCALE_DEGREE = {"l1": 1, "mse": 2, "rmse": 1}
 """How each metric grows with the half-width: ``metric(c a) = c**degree metric(a)``."""
 
 
+@dataclass(frozen=True)
+class UniformInjector:
+    """``truth + e`` with ``e`` uniform on ``[-half_width, half_width]``; a class, not a closure, so it pickles
+    (a process pool or a cluster runs injectors on its workers)."""
+
+    half_width: float
+
+    def __call__(self, truth: np.ndarray, rng: np.random.Generator, t: int) -> np.ndarray:
+        truth = np.asarray(truth, dtype=float)
+        return truth + rng.uniform(-self.half_width, self.half_width, truth.shape)
+
+
 @register_error_model
 @dataclass(frozen=True)
 class Uniform:
@@ -31,17 +43,9 @@ class Uniform:
     detector_bursts = 1.0  # a detector's flips are independent per frame, like its regression errors
     components = frozenset({"metric"})
 
-    def half_width(self, setting: Mapping[str, float]) -> float:
-        return (setting["metric"] / UNIT_HALF_WIDTH_METRIC[self.metric]) ** (1 / SCALE_DEGREE[self.metric])
-
-    def injector(self, setting: Mapping[str, float]):
-        a = self.half_width(setting)
-
-        def inject(truth: np.ndarray, rng: np.random.Generator, t: int) -> np.ndarray:
-            truth = np.asarray(truth, dtype=float)
-            return truth + rng.uniform(-a, a, truth.shape)
-
-        return inject
+    def injector(self, setting: Mapping[str, float]) -> UniformInjector:
+        unit = UNIT_HALF_WIDTH_METRIC[self.metric]
+        return UniformInjector((setting["metric"] / unit) ** (1 / SCALE_DEGREE[self.metric]))
 
     def config(self) -> dict:
         return {"model": self.name, "metric": self.metric}

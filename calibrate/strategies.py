@@ -33,7 +33,8 @@ test's sequential verdict per point.
 The names a spec may write in ``calibration.strategy`` (and ``qaopt calibrate
 --strategy``) are those of :data:`STRATEGIES`, an open registry: the four above
 register themselves at the end of this module, and a plugin module registers its
-own with :func:`register_strategy` (docs/extending.md, "Adding a region strategy").
+own with :func:`register_strategy` (docs/extending.md, "Adding a region strategy or
+certifier").
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class StrategyFactory(Protocol):
 STRATEGIES: Registry[StrategyFactory] = Registry(
     "region strategy", "calibration.strategy",
     "register one with qaopt.calibrate.register_strategy(name, factory) in a module the spec names in "
-    "plugins: [module] (see docs/extending.md, 'Adding a region strategy')")
+    "plugins: [module] (see docs/extending.md, 'Adding a region strategy or certifier')")
 """Every region strategy a spec may name, in registration order (the built-ins first)."""
 
 

@@ -31,8 +31,10 @@ from .store import DEFAULT_CACHE_DIR
 EntryPoint = Annotated[str, AfterValidator(check_syntax)]
 """A ``package.module:attribute`` reference to user code."""
 
-Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")]
-"""A name used as a key in files, databases and CLI flags."""
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*$"
+"""What a name used as a key may hold: a letter or ``_``, then letters, digits, ``_`` and ``-``."""
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+"""A name used as a key in files, databases and CLI flags (an NN, a pass, a registered error model or strategy)."""
 
 ModuleName = Annotated[str, Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")]
 """A Python module, ``package.module``."""
@@ -308,17 +310,29 @@ class ErrorDataSpec(Section):
 
 
 class CalibrationSpec(Section):
-    strategy: Literal["boundary", "bisect", "monotone", "active"] = Field("boundary", description=(
-        "how the next point (and, for boundary, its number of runs) is chosen"))
-    certifier: Literal["pooled", "per-point"] = Field("pooled", description=(
-        "pooled: one monotone model of P(fail) over every run certifies the region; "
-        "per-point: only points dominated by a point its own runs accepted (ApproxCaliper's rule)"))
+    """``calibration``: the error space, and how its region is searched and judged.
+
+    ``strategy``, ``certifier`` and ``error_model`` name entries of calibration's open
+    registries, which this package cannot see: any sane name loads here, and
+    ``qaopt.spec.load_spec`` checks it against the registry (after importing the
+    spec's ``plugins``), placing a misspelt one at its line.
+    """
+
+    strategy: Name = Field("boundary", description=(
+        "a registered region strategy (boundary, bisect, monotone, active, or one added with "
+        "qaopt.calibrate.register_strategy): how the next point (and, for boundary, its number of runs) is chosen"))
+    certifier: Name = Field("pooled", description=(
+        "a registered certifier: pooled, one monotone model of P(fail) over every run certifies the region; "
+        "per-point, only points dominated by a point its own runs accepted (ApproxCaliper's rule); or one added "
+        "with qaopt.calibrate.register_certifier"))
     budget: Count(100_000, "evaluations", "a region search that long would run for weeks") = 20
     runs: Count(10_000_000, "simulator runs", "a region search that long would run for weeks") | None = Field(
         None, description="at most this many simulator runs in all (default: no limit beyond the budget)")
     seed: int = Field(0, ge=0, lt=2**32, description=(
         "seeds the calibration's runs: each point draws its own seeds from it; 0 <= seed < 2**32"))
-    error_model: Literal["gaussian", "ar1", "empirical", "shaped"] = "gaussian"
+    error_model: Name = Field("gaussian", description=(
+        "a registered error model (gaussian, ar1, empirical, shaped, or one added with "
+        "qaopt.calibrate.register_error_model): how an NN's injected errors look"))
     error_data: ErrorDataSpec = Field(default_factory=ErrorDataSpec)
     space: list[Axis] = Field(min_length=1, max_length=32)
 
@@ -375,8 +389,13 @@ BACKEND_REF_PATTERN = r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?:\[(?P<variant>[A
 checked by :meth:`qaopt.kernels.Target.from_spec` (this package cannot see the registry)."""
 
 
+Device = Literal["cpu", "cuda", "rpc"]
+"""Where a target runs: this machine's CPU, its CUDA GPU, or a remote device over TVM RPC."""
+DEVICES: tuple[str, ...] = get_args(Device)
+
+
 class TargetSpec(Section):
-    device: Literal["cpu", "cuda", "rpc"] = "cpu"
+    device: Device = "cpu"
     backend: str = Field("auto", pattern=BACKEND_REF_PATTERN, description=(
         "a registered backend (torch, torch-compile, tvm, onnxruntime, auto, or one added with "
         "qaopt.kernels.register_backend), with an optional variant in brackets, e.g. torch[channels_last]"))
@@ -461,8 +480,9 @@ class AppSpec(Section):
 
     app: AppInfo
     plugins: list[ModuleName] = Field(default_factory=list, description=(
-        "modules imported (the spec's folder on the import path) before the approximations and target.backend are "
-        "checked: each registers approximation passes or backends"))
+        "modules imported (the spec's folder on the import path) before the approximations, target.backend and "
+        "calibration's error model, strategy and certifier are checked: each registers approximation passes, "
+        "backends, error models, region strategies or certifiers"))
     evaluator: EvaluatorSpec
     qos: QoSSpec
     nns: dict[Name, NNSpec] = Field(min_length=1)

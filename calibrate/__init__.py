@@ -13,6 +13,10 @@ by a sequential statistical test, and a search strategy charts the valid region
 
 The names below are imported on first use, so an application that declares the
 protocols of :mod:`qaopt.calibrate.protocols` does not pay for scipy and scikit-learn.
+
+Error models, region strategies and certifiers are open registries
+(``register_error_model``, ``register_strategy``, ``register_certifier``): a spec names
+what they hold, and a plugin module adds to them (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from qaopt.app_spec.lazy import lazy_exports
 _EXPORTS = {
     "acceptance": ("AcceptanceTest", "QoSGoal", "Verdict"),
     "calibration": ("Calibration", "Progress"),
-    "error_models": ("AR1", "Empirical", "ErrorModel", "Gaussian", "make_error_model"),
+    "certifiers": ("CERTIFIERS", "Certifier", "ValidityModel", "register_certifier", "unregister_certifier"),
+    "error_models": ("AR1", "ERROR_MODELS", "Empirical", "ErrorModel", "ErrorModelType", "Gaussian", "make_error_model",
+                     "register_error_model", "unregister_error_model"),
     "errors": ("CalibrationError",),
     "protocols": ("Application", "Injector", "Perception", "QoSEvaluator", "Recorder", "Recording"),
     "region": ("ErrorRegion", "Evidence", "Observation"),
     "space": ("Axis", "ErrorSpace"),
-    "strategies": ("STRATEGIES", "Strategy", "make_strategy"),
+    "strategies": ("STRATEGIES", "Strategy", "StrategyFactory", "make_strategy", "register_strategy",
+                   "unregister_strategy"),
 }
 _MODULE_OF = {name: f".{module}" for module, names in _EXPORTS.items() for name in names}
 

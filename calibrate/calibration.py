@@ -117,8 +117,7 @@ class Calibration:
                     f"{models[a.nn].config()['model']} error model of NN '{a.nn}' does not provide"
                 )
         self.evaluator, self.space, self.models = evaluator, space, dict(models)
-        if certifier not in CERTIFIERS:
-            raise CalibrationError(f"calibration.certifier: '{certifier}' is unknown; use one of {', '.join(CERTIFIERS)}")
+        CERTIFIERS.lookup(certifier)  # a misspelt certifier fails before any run, naming the registered ones
         self.goal, self.acceptance, self.app_key = goal, acceptance, app_key
         self.seed, self.certifier = seed, certifier
         self.cache = TrialCache(cache_dir)

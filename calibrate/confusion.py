@@ -22,14 +22,15 @@ model's false alarms per miss (for a ``miss_rate`` NN; misses per false alarm fo
 ``false_alarm_rate`` NN).
 
 The spec's one ``calibration.error_model`` serves regression and class NNs alike
-(:func:`confusion_model`):
+(:func:`confusion_model`): each error model declares the bursts its detector errors
+come in (``detector_bursts``, :class:`qaopt.calibrate.error_models.ErrorModelType`):
 
-- ``gaussian``: independent flips per frame (``L = 1``), ApproxCaliper's memoryless
-  errors;
+- ``gaussian``: independent flips per frame (:data:`INDEPENDENT`), ApproxCaliper's
+  memoryless errors;
 - ``ar1``: persistent flips, bursts of :data:`DEFAULT_BURST_STEPS` frames;
-- ``empirical``, ``shaped``: the ratio and both burst lengths fitted to the reference
-  NN's confusion codes (:meth:`Confusion.fit`), with the defaults, and the reason, where
-  the reference makes no error of a kind.
+- ``empirical``, ``shaped`` (no declared length): the ratio and both burst lengths
+  fitted to the reference NN's confusion codes (:meth:`Confusion.fit`), with the
+  defaults, and the reason, where the reference makes no error of a kind.
 
 Without a fit the ratio is :data:`DEFAULT_RATIO`.
 """
@@ -44,6 +45,9 @@ import numpy as np
 from qaopt.app_spec.nn_errors import CLASS_METRICS, CODES, LABEL_THRESHOLD, class_codes
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector
+
+INDEPENDENT = 1.0
+"""A mean burst length of one frame: every frame flips independently of the one before."""
 
 DEFAULT_BURST_STEPS = 5.0
 """Mean burst length, in frames of the class, of the ``ar1`` model and of a fit that saw no error of a kind.
@@ -251,26 +255,23 @@ class Confusion:
                    note="; ".join(notes))
 
 
-BURSTS = {"gaussian": 1.0, "ar1": DEFAULT_BURST_STEPS}
-"""Burst lengths of the spec's error models that do not fit them (``empirical``/``shaped`` do)."""
-
-
-def confusion_model(name: str, metric: str, codes: Sequence[np.ndarray] | None = None) -> Confusion:
+def confusion_model(name: str, metric: str, burst_steps: float | None,
+                    codes: Sequence[np.ndarray] | None = None) -> Confusion:
     """The :class:`Confusion` model the spec's ``calibration.error_model`` ``name`` means for a class NN.
 
-    ``gaussian``: independent flips; ``ar1``: bursts of :data:`DEFAULT_BURST_STEPS`
-    frames; both keep the reference's ratio when given its ``codes``
-    (:data:`DEFAULT_RATIO` otherwise). ``empirical``/``shaped``: ratio and burst
-    lengths fitted to ``codes``, which they need.
+    ``burst_steps`` is the model's declared burst length (``detector_bursts``): both
+    chains keep it, and the ratio is the reference's when given its ``codes``
+    (:data:`DEFAULT_RATIO` otherwise). ``None``: ratio and burst lengths are fitted to
+    ``codes``, which are then needed.
     """
-    if name in BURSTS:
+    if burst_steps is not None:
         if codes is None:
-            return Confusion(metric=metric, miss_burst_steps=BURSTS[name], false_alarm_burst_steps=BURSTS[name],
+            return Confusion(metric=metric, miss_burst_steps=burst_steps, false_alarm_burst_steps=burst_steps,
                              error_model=name)
-        return Confusion.fit(codes, metric, name, fit_bursts=False, burst_steps=BURSTS[name])
+        return Confusion.fit(codes, metric, name, fit_bursts=False, burst_steps=burst_steps)
     if codes is None:
         raise CalibrationError(
             f"calibration.error_model: '{name}' needs the NN's confusion codes measured on its error data "
-            "(the reference NN's on-policy drives or validation split); provide them or use 'gaussian'/'ar1'"
+            "(the reference NN's on-policy drives or validation split) to fit its bursts to"
         )
     return Confusion.fit(codes, metric, name)

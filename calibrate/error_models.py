@@ -15,7 +15,12 @@ way:
 
 A detector's class metric (``miss_rate``, ``false_alarm_rate``) is injected by the
 confusion model of :mod:`qaopt.calibrate.confusion` instead, which
-:func:`make_error_model` picks for each name.
+:func:`make_error_model` builds as each model declares (``detector_bursts``).
+
+The names a spec may write in ``calibration.error_model`` are those of
+:data:`ERROR_MODELS`, an open registry: each built-in model registers itself with
+:func:`register_error_model`, and a plugin module registers its own the same way
+(docs/extending.md, "Adding an error model").
 
 The metrics themselves are defined once, in :mod:`qaopt.app_spec.nn_errors`.
 ``fit`` methods build a model from a real NN's residual sequences (time-
@@ -28,17 +33,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 from scipy.stats import norm
 
 from qaopt.app_spec.hashing import content_hash
 from qaopt.app_spec.nn_errors import CLASS_METRICS, REGRESSION_METRICS, SCALE_DEGREE, error_metric, is_class_metric
-from qaopt.calibrate.confusion import confusion_model
+from qaopt.calibrate.confusion import DEFAULT_BURST_STEPS, INDEPENDENT, confusion_model
 from qaopt.calibrate.error_features import MAX_LAG1, ErrorFeatures, analyse_residuals, lag1_autocorrelation
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector
+from qaopt.calibrate.registry import Registry
 
 # A metric homogeneous in the error's scale (SCALE_DEGREE) lets a target value map exactly onto a
 # scale of the error (Gaussian sigma, residual factor). ``max_abs`` is homogeneous too, but an
@@ -94,6 +100,60 @@ class ErrorModel(Protocol):
     def config(self) -> dict: ...
 
 
+class ErrorModelType(Protocol):
+    """What :func:`register_error_model` needs of an error model's class: its name, and what it is built from.
+
+    ``name`` is what a spec writes in ``calibration.error_model`` and what ``config()``
+    reports as ``"model"``. ``needs_residuals``: the model exists only fitted to a real
+    NN's residuals (calibration then measures the reference NNs' on their error data);
+    otherwise ``cls(metric=...)`` is its default. ``fit(residuals, metric, truths)``
+    builds it from a real NN's residual sequences (``truths``: the true values beside
+    them, ``None`` when not measured; a model that does not use them ignores them).
+    ``detector_bursts`` says how a detector (an NN with a class metric) errs under the
+    model, which the confusion model (:mod:`qaopt.calibrate.confusion`) injects: flips
+    in bursts of that many frames on average (1: independent frames), or ``None`` for
+    bursts fitted to the reference NN's confusion codes.
+    """
+
+    name: str
+    needs_residuals: bool
+    detector_bursts: float | None
+
+    def __call__(self, *, metric: str) -> ErrorModel: ...
+
+    def fit(self, residuals: Sequence[np.ndarray], metric: str = "l1",
+            truths: Sequence[np.ndarray] | None = None) -> ErrorModel: ...
+
+
+ERROR_MODELS: Registry[ErrorModelType] = Registry(
+    "error model", "calibration.error_model",
+    "register one with @qaopt.calibrate.register_error_model in a module the spec names in plugins: [module] "
+    "(see docs/extending.md, 'Adding an error model')")
+"""Every error model a spec may name, in registration order (the built-ins first)."""
+
+_DECLARED = ("name", "needs_residuals", "detector_bursts", "fit")
+"""The members an error model's class must declare to be registered (see :class:`ErrorModelType`)."""
+
+
+def register_error_model(cls: type) -> type:
+    """Register an error model's class under its ``name`` (a class decorator; see :class:`ErrorModelType`).
+
+    Missing declarations are refused here, when the plugin is imported, rather than in
+    the middle of a calibration.
+    """
+    missing = [member for member in _DECLARED if not hasattr(cls, member)]
+    if missing:
+        raise CalibrationError(f"register_error_model: {cls.__name__} does not declare {', '.join(missing)} "
+                               "(see qaopt.calibrate.error_models.ErrorModelType)")
+    ERROR_MODELS.register(cls.name, cls)
+    return cls
+
+
+def unregister_error_model(name: str) -> None:
+    """Remove the error model ``name`` (a test's, a plugin's); unknown names are ignored."""
+    ERROR_MODELS.unregister(name)
+
+
 def _pooled(residuals: Sequence[np.ndarray]) -> list[np.ndarray]:
     seqs = [np.asarray(r, dtype=float).ravel() for r in residuals]
     seqs = [r for r in seqs if r.size]
@@ -127,18 +187,23 @@ class GaussianInjector:
         return truth + self.bias + self._e
 
 
+@register_error_model
 @dataclass(frozen=True)
 class Gaussian:
     """Independent Gaussian errors per frame (ApproxCaliper's model).
 
     A target metric ``m`` maps to the ``sigma`` (and ``bias = bias_ratio * sigma``)
     whose expected metric is ``m``: exact, since the metrics are homogeneous in
-    (bias, sigma). A ``bias``/``sigma`` setting is used as it is.
+    (bias, sigma). A ``bias``/``sigma`` setting is used as it is. A detector's flips
+    are independent per frame too.
     """
 
     metric: str = "l1"
     bias_ratio: float = 0.0
 
+    name: ClassVar[str] = "gaussian"
+    needs_residuals: ClassVar[bool] = False
+    detector_bursts: ClassVar[float | None] = INDEPENDENT
     components = frozenset({"metric", "bias", "sigma"})
 
     def __post_init__(self) -> None:
@@ -156,16 +221,18 @@ class Gaussian:
         return GaussianInjector(bias, sigma)
 
     def config(self) -> dict:
-        return {"model": "gaussian", "metric": self.metric, "bias_ratio": self.bias_ratio}
+        return {"model": self.name, "metric": self.metric, "bias_ratio": self.bias_ratio}
 
     @classmethod
-    def fit(cls, residuals: Sequence[np.ndarray], metric: str = "l1") -> Gaussian:
-        """Keep a real NN's bias-to-spread ratio; the size comes from each point."""
+    def fit(cls, residuals: Sequence[np.ndarray], metric: str = "l1",
+            truths: Sequence[np.ndarray] | None = None) -> Gaussian:
+        """Keep a real NN's bias-to-spread ratio; the size comes from each point (``truths`` play no part)."""
         r = np.concatenate(_pooled(residuals))
         sd = float(r.std())
         return cls(metric=metric, bias_ratio=float(r.mean() / sd) if sd > 0 else 0.0)
 
 
+@register_error_model
 @dataclass(frozen=True)
 class AR1(Gaussian):
     """Gaussian errors correlated in time: ``e_t = rho e_{t-1} + sqrt(1-rho^2) sigma eps_t``.
@@ -173,10 +240,14 @@ class AR1(Gaussian):
     ``correlation_steps`` is the correlation time in perception steps
     (``rho = exp(-1/correlation_steps)``). Marginals equal the Gaussian model's, so
     a target metric maps to the same (bias, sigma); what changes is that errors
-    persist over consecutive frames, as a real NN's do on similar images.
+    persist over consecutive frames, as a real NN's do on similar images. A
+    detector's flips persist as long (:data:`~qaopt.calibrate.confusion.DEFAULT_BURST_STEPS`).
     """
 
-    correlation_steps: float = 5.0
+    correlation_steps: float = DEFAULT_BURST_STEPS
+
+    name: ClassVar[str] = "ar1"
+    detector_bursts: ClassVar[float | None] = DEFAULT_BURST_STEPS
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -192,10 +263,11 @@ class AR1(Gaussian):
         return GaussianInjector(bias, sigma, self.rho)
 
     def config(self) -> dict:
-        return {**super().config(), "model": "ar1", "correlation_steps": self.correlation_steps}
+        return {**super().config(), "correlation_steps": self.correlation_steps}
 
     @classmethod
-    def fit(cls, residuals: Sequence[np.ndarray], metric: str = "l1") -> AR1:
+    def fit(cls, residuals: Sequence[np.ndarray], metric: str = "l1",
+            truths: Sequence[np.ndarray] | None = None) -> AR1:
         seqs = _pooled(residuals)
         r = np.concatenate(seqs)
         sd = float(r.std())
@@ -235,6 +307,7 @@ class BlockBootstrapInjector:
         return truth + res.reshape((b,) + (1,) * (truth.ndim - 1))
 
 
+@register_error_model
 class Empirical:
     """A real NN's residual sequences, resampled in blocks and scaled to the target metric.
 
@@ -243,9 +316,13 @@ class Empirical:
     metric ``m`` in expectation, and keeps the NN's bias,
     skew, outliers and temporal correlation. ``block_length`` defaults to the
     larger of ``n^(1/3)`` (the moving-block rule for a mean sequence length ``n``)
-    and two correlation times, capped at the shortest usable sequence.
+    and two correlation times, capped at the shortest usable sequence. A detector's
+    ratio and bursts are fitted to the reference's confusion codes.
     """
 
+    name: ClassVar[str] = "empirical"
+    needs_residuals: ClassVar[bool] = True
+    detector_bursts: ClassVar[float | None] = None
     components = frozenset({"metric"})
 
     def __init__(self, residuals: Sequence[np.ndarray], metric: str = "l1", block_length: int | None = None):
@@ -282,11 +359,13 @@ class Empirical:
                                       scale_for(self.metric, setting["metric"], self.base_metric))
 
     def config(self) -> dict:
-        return {"model": "empirical", "metric": self.metric, "block_length": self.block_length,
+        return {"model": self.name, "metric": self.metric, "block_length": self.block_length,
                 "residuals": self._key}
 
     @classmethod
-    def fit(cls, residuals: Sequence[np.ndarray], metric: str = "l1") -> Empirical:
+    def fit(cls, residuals: Sequence[np.ndarray], metric: str = "l1",
+            truths: Sequence[np.ndarray] | None = None) -> Empirical:
+        """The residuals themselves are the model (``truths`` play no part)."""
         return cls(residuals, metric)
 
 
@@ -343,6 +422,7 @@ class ShapedInjector:
         return truth + self.errors(truth, rng, t)
 
 
+@register_error_model
 @dataclass(frozen=True)
 class Shaped:
     """A real NN's error features, reproduced: bias, truth dependence, persistence and bursts.
@@ -361,7 +441,8 @@ class Shaped:
     on: on-policy drives under good NNs cover a narrow band of states, and a slope
     fitted there says nothing about the rest (measured on CropFollow, extrapolating
     it made the reference NN's own errors fail the closed loop). So the gain term
-    holds at the band's edges (:data:`TRUTH_BAND` quantiles) beyond them.
+    holds at the band's edges (:data:`TRUTH_BAND` quantiles) beyond them. A detector's
+    ratio and bursts are fitted to the reference's confusion codes.
     """
 
     features: ErrorFeatures
@@ -376,6 +457,9 @@ class Shaped:
     burst_amplitudes: tuple[float, ...]
     unit_level: float
 
+    name: ClassVar[str] = "shaped"
+    needs_residuals: ClassVar[bool] = True
+    detector_bursts: ClassVar[float | None] = None
     components = frozenset({"metric"})
 
     @property
@@ -402,7 +486,7 @@ class Shaped:
         return ShapedInjector(self, scale_for(self.metric, setting["metric"], self.unit_level))
 
     def config(self) -> dict:
-        return {"model": "shaped", "metric": self.metric, "offset": self.offset, "gain": self.gain,
+        return {"model": self.name, "metric": self.metric, "offset": self.offset, "gain": self.gain,
                 "truth_centre": self.truth_centre, "truth_range": list(self.truth_range), "sigma": self.sigma, "rho": self.rho,
                 "burst_share": self.burst_share, "burst_steps": self.burst_steps,
                 "burst_amplitudes": list(self.burst_amplitudes), "unit_level": self.unit_level}
@@ -502,15 +586,6 @@ def _mean_abs_shifted(mu: np.ndarray, pool: np.ndarray) -> np.ndarray:
     return (positive - negative) / pool.size
 
 
-ERROR_MODELS = {"gaussian": Gaussian, "ar1": AR1, "empirical": Empirical, "shaped": Shaped}
-
-FITTED_ONLY = frozenset({"empirical", "shaped"})
-"""Models that exist only fitted to a real NN's residuals (the others have defaults)."""
-
-TRUTH_DEPENDENT = frozenset({"shaped"})
-"""Models whose fit also takes the true values beside the residuals (their errors depend on them)."""
-
-
 def make_error_model(
     name: str,
     metric: str = "l1",
@@ -519,28 +594,27 @@ def make_error_model(
 ) -> ErrorModel:
     """The spec's ``calibration.error_model`` for one NN; fitted to ``residuals`` when given.
 
-    ``truths`` (the true values beside the residuals) reach the models that use
-    them (:data:`TRUTH_DEPENDENT`). ``empirical`` and ``shaped`` need residuals;
-    ``gaussian``/``ar1`` without residuals are zero-bias (and, for AR(1), 5-step
-    correlation) defaults.
+    ``truths`` (the true values beside the residuals) reach the model's ``fit``. A model
+    that declares ``needs_residuals`` cannot be built without them; the others have a
+    default (``gaussian``/``ar1``: zero bias and, for AR(1), a 5-step correlation).
 
     A class ``metric`` (a detector's ``miss_rate`` / ``false_alarm_rate``) gets the
-    confusion model the name stands for (:func:`qaopt.calibrate.confusion.confusion_model`),
-    its ``residuals`` being confusion codes; ``truths`` are not needed (codes hold the class).
+    confusion model (:func:`qaopt.calibrate.confusion.confusion_model`) with the bursts
+    the model declares (``detector_bursts``), its ``residuals`` being confusion codes;
+    ``truths`` are not needed (codes hold the class).
     """
-    if name not in ERROR_MODELS:
-        raise CalibrationError(
-            f"calibration.error_model: '{name}' is unknown; use one of {', '.join(ERROR_MODELS)}"
-        )
+    kind = ERROR_MODELS.lookup(name)
     if is_class_metric(metric):
-        return confusion_model(name, metric, residuals)
+        if residuals is None and kind.detector_bursts is None:
+            raise CalibrationError(
+                f"calibration.error_model: '{name}' needs the NN's confusion codes measured on its error data (the "
+                "reference NN's on-policy drives or validation split); provide them or use one of "
+                f"{', '.join(n for n, k in ERROR_MODELS.items() if k.detector_bursts is not None)}")
+        return confusion_model(name, metric, kind.detector_bursts, residuals)
     if residuals is not None:
-        if name in TRUTH_DEPENDENT:
-            return ERROR_MODELS[name].fit(residuals, metric, truths)
-        return ERROR_MODELS[name].fit(residuals, metric)
-    if name in FITTED_ONLY:
+        return kind.fit(residuals, metric, truths)
+    if kind.needs_residuals:
         raise CalibrationError(
-            f"calibration.error_model: '{name}' needs the NN's residual sequences measured on "
-            "validation data; provide them or use 'gaussian'/'ar1'"
-        )
-    return ERROR_MODELS[name](metric=metric)
+            f"calibration.error_model: '{name}' needs the NN's residual sequences measured on validation data; "
+            f"provide them or use one of {', '.join(n for n, k in ERROR_MODELS.items() if not k.needs_residuals)}")
+    return kind(metric=metric)

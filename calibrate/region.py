@@ -4,8 +4,9 @@ An :class:`ErrorRegion` holds every observation (a point, its runs, its verdict,
 its source) and answers ``contains(errors)`` in two modes:
 
 - ``certified``: safe at the spec's confidence. How depends on the region's
-  ``certifier``: ``pooled`` (the default) judges the region with one monotone
-  statistical model of the failure probability fitted to every run at every point
+  ``certifier`` (:mod:`qaopt.calibrate.certifiers`, an open registry): ``pooled``
+  (the default) judges the region with one monotone statistical model of the
+  failure probability fitted to every run at every point
   (:class:`~qaopt.calibrate.pooled.PooledCertifier`), so evidence near the boundary is
   shared and a point failing 2 % of the time can be certified where its own 96 runs
   never could; ``per-point`` certifies what is dominated by a point its own runs
@@ -36,16 +37,13 @@ from scipy.stats import qmc
 from qaopt.app_spec import store
 from qaopt.app_spec.nn_errors import error_coordinate
 from qaopt.calibrate.acceptance import AcceptanceTest, Verdict
-from qaopt.calibrate.classifier import MonotoneProbability
+from qaopt.calibrate.certifiers import CERTIFIERS, PER_POINT, POOLED, ValidityModel
 from qaopt.calibrate.dominance import Dominance
 from qaopt.calibrate.errors import CalibrationError
-from qaopt.calibrate.pooled import PooledCertifier
 from qaopt.calibrate.space import ErrorSpace
 
 SIMULATOR = "simulator"
 FORMAT_VERSION = 2  # 2: the certifier is stored; a format-1 file (no certifier) is read as per-point
-POOLED, PER_POINT = "pooled", "per-point"
-CERTIFIERS = (POOLED, PER_POINT)
 
 
 @dataclass(frozen=True)
@@ -129,15 +127,14 @@ class ErrorRegion:
         info: Mapping | None = None,
         certifier: str = POOLED,
     ):
-        if certifier not in CERTIFIERS:
-            raise CalibrationError(f"region certifier '{certifier}' is unknown; use one of {', '.join(CERTIFIERS)}")
+        self._certifier = CERTIFIERS.lookup(certifier)
         self.space = space
         self.acceptance = acceptance
         self.observations: list[Observation] = list(observations)
         self.metrics = dict(metrics or {nn: "l1" for nn in space.nns})
         self.info = dict(info or {})
         self.certifier = certifier
-        self._model: MonotoneProbability | PooledCertifier | None = None
+        self._model: ValidityModel | None = None
         self._labelled: list[LabelledPoint] | None = None
 
     # -- building -------------------------------------------------------------------
@@ -201,13 +198,14 @@ class ErrorRegion:
         ]
         return self._labelled
 
-    def _xy(self) -> tuple[np.ndarray, np.ndarray]:
+    def unit_labels(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every labelled point in the unit cube (rows) and its label (valid or not): what monotonicity works on."""
         pts = self.labelled()
         X = np.array([p.unit for p in pts]).reshape(-1, self.space.dim)
         return X, np.array([p.valid for p in pts], dtype=bool)
 
     def dominance(self) -> Dominance:
-        return Dominance.from_labels(*self._xy())
+        return Dominance.from_labels(*self.unit_labels())
 
     def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every distinct point (unit cube) with all its runs pooled: simulator and field, failed evaluations left out."""
@@ -224,16 +222,10 @@ class ErrorRegion:
         return X, np.array([r[1] for r in rows], dtype=float), np.array([r[2] for r in rows], dtype=float)
 
     @property
-    def model(self) -> MonotoneProbability | PooledCertifier:
-        """P(valid) over the space (``predict_proba`` on unit-cube rows): the pooled model, or the classifier."""
+    def model(self) -> ValidityModel:
+        """P(valid) over the space (``predict_proba`` on unit-cube rows), as the region's certifier models it."""
         if self._model is None:
-            if self.certifier == POOLED:
-                X, n, k = self.runs()
-                if not len(X):
-                    raise CalibrationError("the region has no runs yet; it cannot judge any point")
-                self._model = PooledCertifier(X, n, k, self.acceptance.max_failure_rate, self.acceptance.confidence)
-            else:
-                self._model = MonotoneProbability().fit(*self._xy())
+            self._model = self._certifier.model(self)
         return self._model
 
     # -- queries --------------------------------------------------------------------
@@ -249,9 +241,7 @@ class ErrorRegion:
     def contains_unit(self, U: np.ndarray, mode: str = "certified", threshold: float = 0.5) -> np.ndarray:
         """Vectorized :meth:`contains` over unit-cube points (rows)."""
         if mode == "certified":
-            if self.certifier == POOLED:
-                return self.model.certified(U)
-            return self.dominance().labels(U) > 0
+            return self._certifier.certified(self, U)
         if mode == "predicted":
             return self.model.predict_proba(U) >= threshold
         raise CalibrationError(f"region mode '{mode}' is unknown; use 'certified' or 'predicted'")

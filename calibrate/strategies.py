@@ -29,6 +29,12 @@ test's sequential verdict per point.
   pooled model to every run so far, asks the point whose validity the model is
   least sure of, and keeps adding seed blocks there only while the model stays
   unsure of it: a few runs where the verdict is clear, many on the boundary.
+
+The names a spec may write in ``calibration.strategy`` (and ``qaopt calibrate
+--strategy``) are those of :data:`STRATEGIES`, an open registry: the four above
+register themselves at the end of this module, and a plugin module registers its
+own with :func:`register_strategy` (docs/extending.md, "Adding a region strategy or
+certifier").
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Generator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from scipy.stats import qmc
@@ -44,12 +50,43 @@ from scipy.stats import qmc
 from qaopt.calibrate.classifier import MonotoneProbability
 from qaopt.calibrate.dominance import Dominance
 from qaopt.calibrate.errors import CalibrationError
+from qaopt.calibrate.registry import Registry
+
+if TYPE_CHECKING:
+    from qaopt.calibrate.acceptance import AcceptanceTest
 
 
 class Strategy(Protocol):
     def ask(self) -> np.ndarray | None: ...
 
     def tell(self, x: np.ndarray, valid: bool | None, passes: int = 0, failures: int = 0) -> None: ...
+
+
+class StrategyFactory(Protocol):
+    """Builds a strategy for one search: the space's dimension, the search's seed, and its acceptance test.
+
+    The acceptance test is there for strategies that decide how many runs a point gets
+    (``boundary``); the others ignore what they do not use.
+    """
+
+    def __call__(self, dim: int, seed: int, acceptance: AcceptanceTest | None) -> Strategy: ...
+
+
+STRATEGIES: Registry[StrategyFactory] = Registry(
+    "region strategy", "calibration.strategy",
+    "register one with qaopt.calibrate.register_strategy(name, factory) in a module the spec names in "
+    "plugins: [module] (see docs/extending.md, 'Adding a region strategy or certifier')")
+"""Every region strategy a spec may name, in registration order (the built-ins first)."""
+
+
+def register_strategy(name: str, factory: StrategyFactory) -> StrategyFactory:
+    """Make ``name`` a strategy a spec (``calibration.strategy``) or ``qaopt calibrate --strategy`` can use."""
+    return STRATEGIES.register(name, factory)
+
+
+def unregister_strategy(name: str) -> None:
+    """Remove the strategy ``name`` (a test's, a plugin's); unknown names are ignored."""
+    STRATEGIES.unregister(name)
 
 
 class _Told:
@@ -266,17 +303,19 @@ class BoundarySearch:
         entry[2] += failures
 
 
-STRATEGIES = {"bisect": BisectSearch, "monotone": MonotoneSearch, "active": ActiveSearch, "boundary": BoundarySearch}
-
-
-def make_strategy(name: str, dim: int, seed: int = 0, acceptance=None) -> Strategy:
+def make_strategy(name: str, dim: int, seed: int = 0, acceptance: AcceptanceTest | None = None) -> Strategy:
     """A strategy by its spec/CLI name (``boundary`` needs the acceptance test it allocates runs for)."""
-    if name not in STRATEGIES:
-        raise CalibrationError(
-            f"calibration.strategy: '{name}' is unknown; use one of {', '.join(STRATEGIES)}"
-        )
-    if name == "bisect":
-        return BisectSearch(dim)
-    if name == "boundary":
-        return BoundarySearch(dim, acceptance.max_failure_rate, acceptance.confidence, acceptance.max_trials, seed=seed)
-    return STRATEGIES[name](dim, seed=seed)
+    return STRATEGIES.lookup(name)(dim, seed, acceptance)
+
+
+def _boundary(dim: int, seed: int, acceptance: AcceptanceTest | None) -> BoundarySearch:
+    if acceptance is None:
+        raise CalibrationError("calibration.strategy: 'boundary' decides how many runs each point gets, so it "
+                               "needs the acceptance test (qos.acceptance) it allocates them for")
+    return BoundarySearch(dim, acceptance.max_failure_rate, acceptance.confidence, acceptance.max_trials, seed=seed)
+
+
+register_strategy("bisect", lambda dim, seed, acceptance: BisectSearch(dim))
+register_strategy("monotone", lambda dim, seed, acceptance: MonotoneSearch(dim, seed=seed))
+register_strategy("active", lambda dim, seed, acceptance: ActiveSearch(dim, seed=seed))
+register_strategy("boundary", _boundary)

@@ -15,7 +15,8 @@ Typical use::
 ``target.backend`` is a :class:`BackendRef` to a registered backend: 'torch'
 (or 'torch[channels_last]'), 'torch-compile', 'tvm', 'onnxruntime', 'openvino', 'auto'
 (every usable backend measured, the fastest kept: see :mod:`.auto`), or one
-added with :func:`register_backend`.
+added with :func:`register_backend`, which also declares the dtypes and devices each
+runs (:func:`backends_running` answers which backends run a dtype).
 
 Modules: :mod:`.registry` (names and references), :mod:`.target`, :mod:`.model`
 (what a backend is handed), :mod:`.backend` (the protocols), :mod:`.measure`
@@ -56,7 +57,17 @@ from .measure import (
 )
 from .openvino_backend import OpenVinoBackend
 from .onnx import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx, ort_session
-from .registry import BackendRef, backend_names, backend_version, get_backend, register_backend
+from .registry import (
+    BackendRef,
+    backend_devices,
+    backend_dtypes,
+    backend_names,
+    backend_version,
+    backends_running,
+    get_backend,
+    register_backend,
+    unregister_backend,
+)
 from .schedule import (
     QUICK,
     SCHEDULES,
@@ -83,8 +94,9 @@ __all__ = [
     "CpuInfo", "CpuLoadProbe", "FrameMeasurement", "Interference", "InterferenceProbe", "KernelsError", "LocalCompiled",
     "MeasuredModel", "Measurement", "MeasurementError", "OpenVinoBackend", "Outcome", "Protocol", "RPCConfig",
     "Schedule", "Target", "TuningBudget", "UnsupportedModelError", "UnsupportedOperatorError", "Workload",
-    "backend_names", "backend_version", "compare_frames", "compile", "device_lock", "export_onnx", "frame_target",
+    "backend_devices", "backend_dtypes", "backend_names", "backend_version", "backends_running", "compare_frames", "compile", "device_lock", "export_onnx", "frame_target",
     "get_backend", "host_cpu_info", "measure_callable", "measure_concurrent", "measure_frame", "measure_interleaved",
     "measure_model", "measure_untuned", "median_and_spread", "median_interval", "ort_session", "pinned", "ratio_interval",
-    "register_backend", "schedules_for", "sum_interval", "threads_of", "torch_threads", "untuned_backend",
+    "register_backend", "schedules_for", "sum_interval", "threads_of", "torch_threads", "unregister_backend",
+    "untuned_backend",
 ]

@@ -1,4 +1,7 @@
-"""Registers the built-in backends under their spec names (``qaopt.kernels`` imports this module)."""
+"""Registers the built-in backends under their spec names, with the dtypes and devices each runs.
+
+``qaopt.kernels`` imports this module.
+"""
 
 from __future__ import annotations
 
@@ -24,9 +27,18 @@ def _openvino(**_: Any) -> OpenVinoBackend:
     return OpenVinoBackend()
 
 
-register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST,), package="torch")
-register_backend("torch-compile", _torch_compile, package="torch")
-register_backend("onnxruntime", _onnxruntime, package="onnxruntime")
-register_backend("openvino", _openvino, package="openvino")
-register_backend("tvm", TvmBackend, package="apache-tvm")
-register_backend("auto", AutoBackend)
+# What each runs (docs/quantization.md has the routes measured): every backend runs fp32. oneDNN runs bf16
+# natively on AVX-512 BF16 CPUs and every recent GPU, as OpenVINO does under its bf16 precision hint; fp16 is
+# native on GPUs (x86 CPUs without AVX-512 FP16 emulate it, slower than fp32). int8 runs integer (VNNI) kernels
+# through the static QDQ graph on ONNX Runtime and OpenVINO, and on TVM, whose import qaopt rewrites into
+# integer convolutions (docs/latency.md, "TVM and int8").
+register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST,), package="torch",
+                 dtypes=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"))
+register_backend("torch-compile", _torch_compile, package="torch",
+                 dtypes=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"))
+register_backend("onnxruntime", _onnxruntime, package="onnxruntime",
+                 dtypes=("fp32", "int8"), devices=("cpu", "cuda"))
+register_backend("openvino", _openvino, package="openvino", dtypes=("fp32", "bf16", "int8"), devices=("cpu",))
+register_backend("tvm", TvmBackend, package="apache-tvm", dtypes=("fp32", "int8"), devices=("cpu", "rpc"))
+# auto runs nothing itself: it measures the backends above that run the candidate's dtype on the device.
+register_backend("auto", AutoBackend, dtypes=())

@@ -8,6 +8,13 @@ and referred to by a :class:`BackendRef`, written ``name`` or ``name[variant]``
 in YAML, JSON and tables (``torch[channels_last]``). :func:`BackendRef.parse` is
 the one place that reads that text; everything else handles the typed reference.
 
+A backend also declares what it runs: the dtypes it has kernels for and the devices
+it serves (``register_backend("onnxruntime", ..., dtypes=("fp32", "int8"),
+devices=("cpu", "cuda"))``). :func:`backends_running` answers "which backends run
+int8" from those declarations alone, so a plugin's backend (a vendor NPU runtime,
+TensorRT) is offered int8 candidates by declaring it, and the search never hands a
+backend a dtype it would only emulate.
+
 The built-in backends are registered by :mod:`.builtin` when ``qaopt.kernels`` is
 imported; this module imports no backend, so nothing here forms an import circle.
 """
@@ -19,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qaopt.app_spec.schema import BACKEND_REF_PATTERN
+from qaopt.app_spec.schema import BACKEND_REF_PATTERN, DEVICES
 
 from .errors import BackendUnavailableError
 
@@ -68,18 +75,25 @@ class BackendRef:
         return hash(str(self))
 
 
+FLOAT = "fp32"
+"""The dtype every backend runs unless it declares otherwise: the float model as trained."""
+
+
 @dataclass(frozen=True)
 class _Entry:
     factory: Callable[..., Any]
     variants: tuple[str, ...]
     package: str | None
+    dtypes: tuple[str, ...]
+    devices: tuple[str, ...]
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
 def register_backend(name: str, factory: Callable[..., Any], *, variants: Sequence[str] = (),
-                     package: str | None = None) -> None:
+                     package: str | None = None, dtypes: Sequence[str] = (FLOAT,),
+                     devices: Sequence[str] = DEVICES) -> None:
     """Add a backend (a team's own compiler, say) under ``name``; a spec can then name it in ``target.backend``.
 
     ``factory(**options)`` returns a :class:`~qaopt.kernels.Backend`; options are
@@ -87,12 +101,25 @@ def register_backend(name: str, factory: Callable[..., Any], *, variants: Sequen
     ``variant`` when the spec names one of ``variants`` (``name[variant]``).
     ``package`` is the distribution that implements it: its installed version is
     part of every cache key of the backend's measurements and tuning records.
+    ``dtypes`` are the dtypes it has kernels for (the names of the quantization pass:
+    ``fp32``, ``bf16``, ``fp16``, ``int8``): the search gives it candidates of those
+    only. ``devices`` are the target devices it serves (``cpu``, ``cuda``, ``rpc``; by
+    default all of them, its ``unavailable_reason`` having the last word on this machine).
     """
     ref = BackendRef.parse(name)
     if ref.variant:
         raise BackendUnavailableError(f"register_backend: '{name}': register the plain name and list the variant "
                                       f"in variants=('{ref.variant}',)")
-    _REGISTRY[ref.name] = _Entry(factory, tuple(variants), package)
+    unknown = [d for d in devices if d not in DEVICES]
+    if unknown:
+        raise BackendUnavailableError(f"register_backend: '{name}': no device named {', '.join(map(repr, unknown))}; "
+                                      f"devices are {', '.join(DEVICES)}")
+    _REGISTRY[ref.name] = _Entry(factory, tuple(variants), package, tuple(dtypes), tuple(devices))
+
+
+def unregister_backend(name: str) -> None:
+    """Remove the backend ``name`` (a test's, a plugin's); unknown names are ignored."""
+    _REGISTRY.pop(BackendRef.parse(name).name, None)
 
 
 def resolve(ref: str | BackendRef) -> BackendRef:
@@ -123,6 +150,21 @@ def get_backend(ref: str | BackendRef, **options: Any) -> Any:
 def backend_names() -> list[str]:
     """Every name a spec may use in ``target.backend``, variants included."""
     return sorted(str(BackendRef(name, v)) for name, entry in _REGISTRY.items() for v in (None, *entry.variants))
+
+
+def backends_running(dtype: str) -> tuple[str, ...]:
+    """The backends (plain names, in registration order) that declare kernels for ``dtype``."""
+    return tuple(name for name, entry in _REGISTRY.items() if dtype in entry.dtypes)
+
+
+def backend_dtypes(ref: str | BackendRef) -> tuple[str, ...]:
+    """The dtypes a registered backend declares kernels for."""
+    return _REGISTRY[resolve(ref).name].dtypes
+
+
+def backend_devices(ref: str | BackendRef) -> tuple[str, ...]:
+    """The target devices a registered backend declares it serves."""
+    return _REGISTRY[resolve(ref).name].devices
 
 
 def backend_version(ref: str | BackendRef) -> str:

@@ -13,6 +13,7 @@ Importing :mod:`qaopt` is light on purpose: the field-logging API runs on a robo
 small computer without torch or TVM, so heavy modules are imported where used.
 """
 
+from qaopt.app_spec import dtype_runners
 from qaopt.app_spec.lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -22,6 +23,20 @@ __all__ = ["check_application", "load_artifacts", "optimize"]
 # qaopt.check_application and qaopt.load_artifacts, imported on first use.
 __getattr__, __dir__ = lazy_exports(__name__, {"check_application": "qaopt.application",
                                                "load_artifacts": "qaopt.stages.export"})
+
+
+def _backends_running(dtype: str) -> tuple[str, ...]:
+    """The backends whose declarations say they run ``dtype`` (:func:`qaopt.kernels.backends_running`).
+
+    Imported on the first question (a search's, a build's), so that ``import qaopt`` stays light.
+    """
+    from qaopt.kernels import backends_running  # registers the built-in backends
+
+    return backends_running(dtype)
+
+
+# approx's quantization pass asks which backends run a dtype; the backends of kernels declare it.
+dtype_runners.provide(_backends_running)
 
 
 def optimize(spec, **overrides):

@@ -23,6 +23,7 @@ import numpy as np
 from qaopt.app_spec import AppSpec
 from qaopt.app_spec.nn_errors import CLASS_METRICS
 from qaopt.calibrate import (
+    ERROR_MODELS,
     Calibration,
     CalibrationError,
     ErrorModel,
@@ -37,10 +38,6 @@ from qaopt.on_policy import reference_residuals
 from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, make_evaluator, simulator_key, space_of
 
 
-FITTED_MODELS = ("empirical", "shaped")
-"""Error models fitted to the reference NNs' residuals when a run gives none (the others have defaults)."""
-
-
 def error_models_of(
     spec: AppSpec,
     residuals: Mapping[str, Sequence[np.ndarray]] | None = None,
@@ -48,18 +45,22 @@ def error_models_of(
 ) -> dict[str, ErrorModel]:
     """The spec's error model for every calibrated NN, in the metric its ``error_metric`` declares.
 
-    ``residuals`` (NN -> residual sequences) fit the models to real NNs; the fitted
-    models (:data:`FITTED_MODELS`) without them use the spec's reference NNs' residuals
-    and true values, and so does every model of a detector (a class metric), for the
-    ratio of its false alarms to its misses.
+    ``residuals`` (NN -> residual sequences) fit the models to real NNs; a model that
+    declares ``needs_residuals`` (:class:`qaopt.calibrate.ErrorModelType`) without them
+    uses the spec's reference NNs' residuals and true values, and so does every model of
+    a detector (a class metric), for the ratio of its false alarms to its misses.
     """
     residuals = dict(residuals or {})
     models: dict[str, ErrorModel] = {}
     name = spec.calibration.error_model
+    try:
+        fitted = ERROR_MODELS.lookup(name).needs_residuals
+    except CalibrationError as exc:
+        raise CalibrationError(f"{spec.source}: {exc}") from exc
     for nn in space_of(spec).nns:
         res, truths = residuals.get(nn), None
         # A detector's false alarms follow its misses at the reference NN's ratio under every model (codes are cheap).
-        if res is None and (name in FITTED_MODELS or spec.nns[nn].error_metric.kind in CLASS_METRICS):
+        if res is None and (fitted or spec.nns[nn].error_metric.kind in CLASS_METRICS):
             res, truths = reference_residuals(spec, nn, cache_dir if cache_dir is not None else cache_dir_of(spec))
         try:
             models[nn] = make_error_model(name, spec.nns[nn].error_metric.kind, res, truths)
@@ -77,8 +78,8 @@ def build_calibration(
 ) -> Calibration:
     """The :class:`Calibration` a spec describes.
 
-    ``residuals`` (NN -> residual sequences) fit the error model to real NNs; the
-    ``empirical`` model without them uses the spec's reference NNs' residuals.
+    ``residuals`` (NN -> residual sequences) fit the error model to real NNs; a fitted
+    model (``empirical``, ``shaped``) without them uses the spec's reference NNs' residuals.
     ``evaluator`` replaces the spec's simulator (tests, a custom harness). ``executor``
     (:func:`qaopt.executor.open_executor`) runs the seed blocks; a worker builds the
     spec's simulator itself (:class:`qaopt.executor.SpecEvaluator`), or receives

@@ -2,11 +2,13 @@
 
 app_spec validates the whole file but cannot see the other components (they sit
 above it). :func:`check_spec` imports the spec's ``plugins`` (each registers
-approximation passes or backends), then validates each
-``approximations.<nn>.<pass>`` section against the registered pass's config model,
-``target.backend`` against the backend registry, and the error metric of every
-calibrated NN against what calibration can inject, with errors placed at
-``file:line:col`` like app_spec's own. It returns the spec with every section in
+approximation passes, backends, error models, region strategies or certifiers),
+then validates each ``approximations.<nn>.<pass>`` section against the registered
+pass's config model, ``target.backend`` against the backend registry (and
+``target.device`` against the devices the backend declares),
+``calibration.error_model``, ``strategy`` and ``certifier`` against calibration's
+registries, and the error metric of every calibrated NN against what calibration
+can inject, with errors placed at ``file:line:col`` like app_spec's own. It returns the spec with every section in
 full (defaults filled), so that its content hash does not depend on how a setting
 was spelt. Every command reads its spec through :func:`load_spec`.
 """
@@ -32,7 +34,7 @@ def check_spec(spec: AppSpec) -> AppSpec:
     from qaopt.approx import canonical_section, section_fields, validate_section  # light: no torch
 
     problems = import_plugins(spec)
-    if problems:  # a pass or backend a missing plugin registers would be reported as unknown too
+    if problems:  # whatever a missing plugin registers would be reported as unknown too
         raise SpecError(problems)
     sections = {}
     for nn, section in spec.approximations.items():
@@ -40,7 +42,7 @@ def check_spec(spec: AppSpec) -> AppSpec:
         problems += located(spec, [{**e, "loc": ("approximations", nn, *e["loc"])} for e in errors],
                             lambda loc: section_fields(loc[2:]))
         sections[nn] = canonical_section(configs)
-    problems += _backend_problems(spec) + _metric_problems(spec)
+    problems += _backend_problems(spec) + _calibration_problems(spec) + _metric_problems(spec)
     if problems:
         raise SpecError(problems)
     return spec.model_copy(update={"approximations": sections})
@@ -76,16 +78,36 @@ def import_plugins(spec: AppSpec) -> list[Problem]:
 
 
 def _backend_problems(spec: AppSpec) -> list[Problem]:
-    from qaopt.kernels.registry import resolve  # light: no torch
+    from qaopt.kernels.registry import backend_devices, resolve  # light: no torch
 
     try:
-        resolve(spec.target.backend)
+        ref = resolve(spec.target.backend)
     except QaoptError as exc:
         message = str(exc).removeprefix("target.backend: ")
         if "no backend named" in message:
             message += "; or name a module that registers it in the spec's plugins: [module]"
         return located(spec, [{"loc": ("target", "backend"), "msg": message}])
+    devices = backend_devices(ref)
+    if spec.target.device not in devices:
+        return located(spec, [{"loc": ("target", "device"), "msg": (
+            f"backend '{ref}' runs on {', '.join(devices)}, not on {spec.target.device}; choose another "
+            "target.backend (auto picks one for the device) or device")}])
     return []
+
+
+def _calibration_problems(spec: AppSpec) -> list[Problem]:
+    """``calibration.error_model``, ``strategy`` and ``certifier`` that no registry (plugins included) holds."""
+    from qaopt.calibrate.certifiers import CERTIFIERS
+    from qaopt.calibrate.error_models import ERROR_MODELS
+    from qaopt.calibrate.strategies import STRATEGIES
+
+    errors = []
+    for field, registry in (("error_model", ERROR_MODELS), ("strategy", STRATEGIES), ("certifier", CERTIFIERS)):
+        name = getattr(spec.calibration, field)
+        if name not in registry:
+            message = registry.unknown(name).removeprefix(f"{registry.field}: ")
+            errors.append({"loc": ("calibration", field), "msg": message})
+    return located(spec, errors)
 
 
 def _metric_problems(spec: AppSpec) -> list[Problem]:

@@ -39,7 +39,8 @@ def test_calibrate_writes_region_and_resumes(spec_file, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--budget", "0"], "error: calibration.budget: 0 evaluations; give at least 1"),
-    (["--strategy", "grid"], "error: calibration.strategy: 'grid' is unknown"),
+    (["--strategy", "grid"], "error: calibration.strategy: no region strategy named 'grid'; registered: bisect, "
+                              "monotone, active, boundary"),
 ])
 def test_bad_options_are_one_line_errors(spec_file, tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_:

@@ -139,7 +139,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
     cal = make_cal(tmp_path)
     with pytest.raises(CalibrationError, match="budget.*at least 1"):
         cal.search("monotone", 0)
-    with pytest.raises(CalibrationError, match="strategy.*unknown"):
+    with pytest.raises(CalibrationError, match="calibration.strategy: no region strategy named 'random'; registered: .*monotone"):
         cal.search("random", 5)
     with pytest.raises(CalibrationError, match="empty error range"):
         Axis("a", 0.0)

@@ -1,5 +1,10 @@
 """Quantization: the dtype a candidate runs in, and which backends have kernels for it (the code is :mod:`qaopt.approx.quantize`).
 
+Which backends run a dtype is not decided here: each backend declares the dtypes it
+has kernels for (``qaopt.kernels.register_backend(..., dtypes=...)``) and this pass
+asks through :mod:`qaopt.app_spec.dtype_runners`, which ``qaopt`` wires to those
+declarations. A plugin's backend that declares int8 is offered int8 candidates.
+
 int8 is post-training static quantization with ONNX Runtime (QDQ graph, uint8
 activations, int8 per-channel weights, calibrated on training images): on this
 CPU it is the route that runs VNNI integer kernels (docs/quantization.md has the
@@ -9,12 +14,15 @@ by torch. The float model is shared by every dtype: this pass runs in the export
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from optuna.distributions import CategoricalDistribution
 from pydantic import Field
+
+from qaopt.app_spec.dtype_runners import backends_running
 
 from ..errors import ApproxError
 from .base import ApproximationPass, PassConfig, PassKnobs, Runnable, register_pass
@@ -24,27 +32,39 @@ from .base import ApproximationPass, PassConfig, PassKnobs, Runnable, register_p
 class DtypeInfo:
     torch_dtype: str | None
     """The torch dtype's name (``None``: the module stays fp32 and another form runs)."""
-    runnable_on: tuple[str, ...]
-    """The backends (names as in the spec's ``target.backend``) with kernels for it."""
 
 
 DTYPES: dict[str, DtypeInfo] = {
-    # Every backend runs fp32; TVM imports the (pruned) torch module.
-    "fp32": DtypeInfo("float32", ("torch", "torch-compile", "onnxruntime", "openvino", "tvm")),
-    # oneDNN runs bf16 natively on AVX-512 BF16 CPUs (and every recent GPU); OpenVINO under its bf16 precision hint.
-    "bf16": DtypeInfo("bfloat16", ("torch", "torch-compile", "openvino")),
-    # fp16 is native on GPUs; x86 CPUs without AVX-512 FP16 emulate it (slower than fp32).
-    "fp16": DtypeInfo("float16", ("torch", "torch-compile")),
-    # int8 runs integer (VNNI) kernels through the static QDQ graph, on ONNX Runtime and OpenVINO
-    # (docs/quantization.md has the routes measured), and on TVM, whose import qaopt rewrites into
-    # integer convolutions (docs/latency.md, "TVM and int8").
-    "int8": DtypeInfo(None, ("onnxruntime", "openvino", "tvm")),
+    "fp32": DtypeInfo("float32"),
+    "bf16": DtypeInfo("bfloat16"),
+    "fp16": DtypeInfo("float16"),
+    "int8": DtypeInfo(None),  # a static QDQ ONNX graph (qaopt.approx.quantize.quantize_int8)
 }
-"""The one list of dtypes a candidate may take."""
+"""The one list of dtypes a candidate may take, and how this pass produces each."""
 
 Dtype = Literal[tuple(DTYPES)]  # type: ignore[valid-type]
-RUNNABLE_ON: dict[str, tuple[str, ...]] = {d: info.runnable_on for d, info in DTYPES.items()}
-"""For each dtype, the backends that run it."""
+
+
+class RunnableOn(Mapping[str, tuple[str, ...]]):
+    """For each dtype, the backends that run it, as the registered backends declare it.
+
+    Asked on every read, so a backend registered later (a spec's plugin) counts.
+    """
+
+    def __getitem__(self, dtype: str) -> tuple[str, ...]:
+        if dtype not in DTYPES:
+            raise KeyError(dtype)
+        return backends_running(dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(DTYPES)
+
+    def __len__(self) -> int:
+        return len(DTYPES)
+
+
+RUNNABLE_ON = RunnableOn()
+"""For each dtype, the backends that run it (``RUNNABLE_ON["int8"]``)."""
 
 INT8_FILE = "model.int8.onnx"
 CALIBRATION_SAMPLES = 64
@@ -94,7 +114,7 @@ class QuantizationPass(ApproximationPass):
             raise ApproxError(
                 nn,
                 "dtype",
-                f"{knobs.dtype} has no kernels on backend {backend!r}; it runs on {', '.join(runs)}. "
+                f"{knobs.dtype} has no kernels on backend {backend!r}; it runs on {', '.join(runs) or 'no backend'}. "
                 f"Choose one of those backends or drop {knobs.dtype} from approximations.quantization.dtypes",
             )
 

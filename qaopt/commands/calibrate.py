@@ -15,7 +15,8 @@ from qaopt.spec import load_spec
 def calibrate(
     spec: Path = typer.Argument(..., help="The application spec (YAML)."),
     strategy: str | None = typer.Option(None, "--strategy", "-s",
-                                        help="boundary | bisect | monotone | active (default: the spec's)."),
+                                        help="A registered region strategy: boundary, bisect, monotone, active, or "
+                                             "one a plugin of the spec adds (default: the spec's)."),
     budget: int | None = typer.Option(None, "--budget", "-b",
                                       help="QoS evaluations to spend; a point's trials count as one (default: the spec's)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder for region.json and region.png (default: the spec's output.dir)."),

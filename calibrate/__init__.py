@@ -21,6 +21,7 @@ from qaopt.app_spec.lazy import lazy_exports
 
 _EXPORTS = {
     "acceptance": ("AcceptanceTest", "QoSGoal", "Verdict"),
+    "blocks": ("BlockCache", "BlockFailed", "run_blocks"),
     "calibration": ("Calibration", "Progress"),
     "error_models": ("AR1", "Empirical", "ErrorModel", "Gaussian", "make_error_model"),
     "errors": ("CalibrationError",),

@@ -7,24 +7,26 @@ loop (:meth:`qaopt.calibrate.Application.evaluate_perception`) over many seeds a
 met its QoS goal at the spec's confidence, and the report says how often the
 region's prediction agreed.
 
-The runs go in blocks; on an executor (:mod:`qaopt.executor`) several blocks run at
-once and are consumed in block order with the same stopping rule, so the verdict and
-the runs counted are those of one worker.
+The runs go in blocks through the seed-block engine that calibration uses
+(:func:`qaopt.calibrate.blocks.run_blocks`); on an executor (:mod:`qaopt.executor`) several
+blocks run at once and are consumed in block order with the same stopping rule, so the
+verdict and the runs counted are those of one worker.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from qaopt.app_spec import AppSpec
 from qaopt.application import check_method
 from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, Verdict
-from qaopt.executor import run_perception_block, workers_of
+from qaopt.calibrate.blocks import Given, run_blocks, workers_of
+from qaopt.executor import run_perception_block
 from qaopt.result import RunMetric, Validation
 from qaopt.spec_adapter import acceptance_of, goal_of
 
@@ -87,7 +89,12 @@ def validate_closed_loop(
     tolerated = acceptable_failures(test, runs)
     records: list[Mapping[str, float]] = []
     failures = 0
-    blocks = _blocks(evaluator, nns, runs, test.min_trials, seed_base, threads, executor, workers, remote)
+    blocks = run_blocks(
+        validation_blocks(runs, test.min_trials, seed_base),
+        lambda seeds: evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads), _joined,
+        executor=executor, width=workers_of(executor, workers), chunk=RUN_CHUNK,
+        remote=partial(run_perception_block, remote if remote is not None else Given(evaluator), dict(nns),
+                       render_threads=threads))
     try:
         for block in blocks:
             records += block
@@ -121,54 +128,14 @@ runs, the same split whatever the number of workers, so runs and verdicts do not
 per task costs no more CPU than a batch of them (``benchmarks/validation_chunking.py``)."""
 
 
-def _blocks(
-    evaluator: Application, nns: Mapping[str, Perception], runs: int, size: int, seed_base: int, threads: int,
-    executor: Executor | None, workers: int | None, remote: Callable[[], Application] | None,
-) -> Iterator[list[Mapping[str, float]]]:
-    """Each block's records in block order; on an executor, up to ``workers`` tasks in flight (the rest cancelled on close)."""
-    starts = list(range(0, runs, size))
-    blocks = [[[seed_base + j for j in range(i, min(runs, s + size, i + RUN_CHUNK))]
-               for i in range(s, min(runs, s + size), RUN_CHUNK)] for s in starts]
-    width = (workers or workers_of(executor)) if executor is not None else 1
-    if width <= 1:
-        for chunks in blocks:
-            yield [r for seeds in chunks for r in evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads)]
-        return
-    make = remote if remote is not None else _Given(evaluator)
-    window: deque[list[Future]] = deque()
-    submitted = 0
-
-    def busy() -> list[Future]:
-        return [f for b in window for f in b if not f.done()]
-
-    try:
-        while submitted < len(blocks) or window:
-            # Keep every worker busy: whole blocks go out while fewer than ``width`` of their tasks are
-            # unfinished, topped up whenever any task ends (not only the oldest block's), until that block is done.
-            while True:
-                while submitted < len(blocks) and len(busy()) < width:
-                    window.append([executor.submit(run_perception_block, make, dict(nns), seeds, threads)
-                                   for seeds in blocks[submitted]])
-                    submitted += 1
-                if all(f.done() for f in window[0]):
-                    break
-                wait(busy(), return_when=FIRST_COMPLETED)
-            block = window.popleft()
-            yield [r for f in block for r in f.result()]
-    finally:
-        for block in window:
-            for future in block:
-                future.cancel()
+def validation_blocks(runs: int, size: int, seed_base: int) -> list[list[int]]:
+    """The seeds of ``runs`` validation runs in blocks of ``size`` (the last one shorter when ``size`` does not divide ``runs``)."""
+    return [list(range(seed_base + s, seed_base + min(runs, s + size))) for s in range(0, runs, size)]
 
 
-class _Given:
-    """The application itself as the picklable factory a worker calls."""
-
-    def __init__(self, evaluator: Application):
-        self.evaluator = evaluator
-
-    def __call__(self) -> Application:
-        return self.evaluator
+def _joined(_seeds: list[int], tasks: list[list[Mapping[str, float]]]) -> list[Mapping[str, float]]:
+    """A block's records: its tasks' records in seed order."""
+    return [r for task in tasks for r in task]
 
 
 def run_metrics(records: list[Mapping[str, float]], seed_base: int, goal: QoSGoal) -> dict:

@@ -10,22 +10,27 @@ region's prediction agreed.
 The runs go in blocks through the seed-block engine that calibration uses
 (:func:`qaopt.calibrate.blocks.run_blocks`); on an executor (:mod:`qaopt.executor`) several
 blocks run at once and are consumed in block order with the same stopping rule, so the
-verdict and the runs counted are those of one worker.
+verdict and the runs counted are those of one worker. With a :class:`ValidationBlocks`
+cache each finished block is kept on disk: a killed validation resumes after its last
+finished block, and a longer validation of the same NNs (the validation stage after an
+in-search check) reuses the blocks a shorter one ran.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
-from qaopt.app_spec import AppSpec
+from qaopt.app_spec import AppSpec, content_hash, store
 from qaopt.application import check_method
 from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, Verdict
-from qaopt.calibrate.blocks import Given, run_blocks, workers_of
+from qaopt.calibrate.blocks import BlockCache, Given, run_blocks, workers_of
+from qaopt.calibrate.protocols import records_problem
 from qaopt.executor import run_perception_block
 from qaopt.result import RunMetric, Validation
 from qaopt.spec_adapter import acceptance_of, goal_of
@@ -68,6 +73,7 @@ def validate_closed_loop(
     workers: int | None = None,
     remote: Callable[[], Application] | None = None,
     on_block: Callable[[BlockProgress], None] | None = None,
+    cache: BlockCache[list[Mapping[str, float]]] | None = None,
 ) -> Validation:
     """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them with the spec's acceptance test.
 
@@ -82,7 +88,8 @@ def validate_closed_loop(
     split into single-run tasks, :data:`RUN_CHUNK`), each on a worker that builds the application with ``remote()`` (a picklable factory; default:
     ``evaluator`` pickled) and receives ``nns`` pickled (:class:`qaopt.executor.ShippedNN`);
     outcomes are consumed in block order, so the result does not depend on the workers.
-    ``on_block`` sees the progress after every block.
+    ``on_block`` sees the progress after every block. ``cache`` (a :class:`ValidationBlocks`
+    of these NNs) keeps every finished block and serves those it holds without running them.
     """
     check_method(evaluator, "evaluate_perception")
     goal, test = goal_of(spec), acceptance_of(spec)
@@ -94,7 +101,7 @@ def validate_closed_loop(
         lambda seeds: evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads), _joined,
         executor=executor, width=workers_of(executor, workers), chunk=RUN_CHUNK,
         remote=partial(run_perception_block, remote if remote is not None else Given(evaluator), dict(nns),
-                       render_threads=threads))
+                       render_threads=threads), cache=cache)
     try:
         for block in blocks:
             records += block
@@ -131,6 +138,44 @@ per task costs no more CPU than a batch of them (``benchmarks/validation_chunkin
 def validation_blocks(runs: int, size: int, seed_base: int) -> list[list[int]]:
     """The seeds of ``runs`` validation runs in blocks of ``size`` (the last one shorter when ``size`` does not divide ``runs``)."""
     return [list(range(seed_base + s, seed_base + min(runs, s + size))) for s in range(0, runs, size)]
+
+
+VALIDATION_BLOCKS_VERSION = 1
+"""Version of a stored block of validation runs (its records, one per seed)."""
+
+
+@dataclass(frozen=True)
+class ValidationBlocks:
+    """Blocks of closed-loop runs of one configuration on disk: :func:`validate_closed_loop`'s ``cache``.
+
+    One closed-loop run costs seconds, so a block is kept as soon as it finishes, under the
+    key of a whole validation (:func:`qaopt.stages.validation.validate_configuration`) with the
+    block's seeds in place of the number of runs: what ran is reused by a resumed validation or
+    one with more runs. A stored block without one finite QoS ``metric`` per seed reads as absent.
+    """
+
+    folder: Path
+    context: str
+    metric: str
+
+    @classmethod
+    def of(cls, cache_dir: str | Path, candidates: Mapping[str, str], spec: AppSpec) -> ValidationBlocks:
+        """The blocks of the NNs ``candidates`` (NN name -> candidate key) in ``spec``'s application."""
+        return cls(Path(cache_dir) / "optimize" / "validation" / "blocks",
+                   content_hash("validation", dict(candidates), spec.content_hash("evaluator", "qos")),
+                   goal_of(spec).metric)
+
+    def _path(self, seeds: Sequence[int]) -> Path:
+        return self.folder / f"{content_hash(self.context, list(seeds))}.json"
+
+    def get(self, seeds: Sequence[int]) -> list[Mapping[str, float]] | None:
+        records = store.read_json(self._path(seeds), type(self).__name__, VALIDATION_BLOCKS_VERSION)
+        return None if records_problem(records, seeds, self.metric) else records
+
+    def put(self, seeds: Sequence[int], result: list[Mapping[str, float]]) -> None:
+        """Stores the records with numpy scalars as plain numbers: an integer stays one (a count, for the report)."""
+        plain = [{k: v.item() if isinstance(v, np.generic) else v for k, v in r.items()} for r in result]
+        store.write_json(self._path(seeds), type(self).__name__, VALIDATION_BLOCKS_VERSION, plain)
 
 
 def _joined(_seeds: list[int], tasks: list[list[Mapping[str, float]]]) -> list[Mapping[str, float]]:

@@ -14,32 +14,35 @@ value per seed, fails only that point: the failure is recorded with its message
 and the search goes on. Nothing is cached for a failed block.
 
 Seed blocks may run on a :class:`concurrent.futures.Executor` (a process pool, a
-Dask cluster's): a point's next blocks are dispatched ahead, as many as the executor
-has workers, and their outcomes are consumed strictly in block order, the test (or
-the strategy's ``more``) asked after each exactly as in the serial loop. The verdict,
-the runs counted and the cache's content are therefore the same for any number of
-workers; blocks dispatched past the decision are cached when they finish (blocks
-not yet started are cancelled) and are not counted.
+Dask cluster's) through the seed-block engine (:func:`~qaopt.calibrate.blocks.run_blocks`):
+a point's next blocks are dispatched ahead, as many as the executor has workers, and
+their outcomes are consumed strictly in block order, the test (or the strategy's
+``more``) asked after each exactly as in the serial loop. The verdict, the runs counted
+and the cache's content are therefore the same for any number of workers; blocks
+dispatched past the decision are cached when they finish (blocks not yet started are
+cancelled) and are not counted.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
+from contextlib import closing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from qaopt.calibrate.acceptance import AcceptanceTest, QoSGoal, Verdict
+from qaopt.calibrate.blocks import BlockFailed, Given, run_blocks, workers_of
 from qaopt.calibrate.error_models import ErrorModel
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector, QoSEvaluator, is_qos_value, records_problem
 from qaopt.calibrate.region import CERTIFIERS, ErrorRegion, Evidence, Observation
 from qaopt.calibrate.space import ErrorSpace
 from qaopt.calibrate.strategies import Strategy, make_strategy
-from qaopt.calibrate.trials import TrialCache, block_seeds, point_seed_start
+from qaopt.calibrate.trials import PointTrials, TrialCache, block_seeds, point_seed_start
 
 
 @dataclass(frozen=True)
@@ -54,18 +57,8 @@ class Progress:
     observation: Observation | None = None
 
 
-class BadEvaluation(Exception):
+class BadEvaluation(BlockFailed):
     """An evaluator raised or returned garbage; the point is recorded as failed."""
-
-
-class _Given:
-    """The evaluator itself, as the picklable zero-argument factory a worker calls."""
-
-    def __init__(self, evaluator: QoSEvaluator):
-        self.evaluator = evaluator
-
-    def __call__(self) -> QoSEvaluator:
-        return self.evaluator
 
 
 def evaluate_block(make: Callable[[], QoSEvaluator], injectors: Mapping[str, Injector],
@@ -132,10 +125,9 @@ class Calibration:
         on a worker; without it (and none given before) the evaluator itself is pickled with each block.
         """
         self.executor = executor
-        self.workers = 1 if executor is None else max(1, int(
-            workers or getattr(executor, "workers", None) or getattr(executor, "_max_workers", None) or 1))
+        self.workers = workers_of(executor, workers)
         if remote_evaluator is not None or not hasattr(self, "_remote"):
-            self._remote = remote_evaluator if remote_evaluator is not None else _Given(self.evaluator)
+            self._remote = remote_evaluator if remote_evaluator is not None else Given(self.evaluator)
 
     # -- one point ------------------------------------------------------------------
     def injection(self, errors: Mapping[str, float]) -> dict[str, dict]:
@@ -147,98 +139,39 @@ class Calibration:
         return {nn: self.models[nn].injector(s) for nn, s in self.space.settings(errors).items()}
 
     def run_seeds(self, errors: Mapping[str, float], seeds: list[int]) -> list[bool]:
-        """Pass/fail per seed of one evaluator call, from the cache or by running the evaluator.
+        """Pass/fail per seed of one evaluator call, from the cache or by running the evaluator in this process.
 
         The seed list is the unit of caching: an evaluator may draw its noise from the
         whole list (the simulator runs it in lock-step), so a run's outcome is only
-        reproducible for the same list.
+        reproducible for the same list. :class:`BadEvaluation` when the evaluator fails.
         """
-        key = TrialCache.key(self.app_key, self.injection(errors), seeds)
-        records = self._cached(key, seeds)
-        if records is None:
-            try:
-                raw = self.evaluator.evaluate(self.injectors(errors), seeds)
-            except Exception as e:  # noqa: BLE001 - any evaluator failure fails only this point
-                raise BadEvaluation(f"evaluator raised {type(e).__name__}: {e}") from e
-            records = self._accept(key, seeds, raw)
-        return self._outcome(records)
+        with closing(self._blocks(dict(errors), [seeds], serial=True)) as blocks:
+            return self._outcome(next(blocks))
 
-    def _cached(self, key: str, seeds: list[int]) -> list[dict] | None:
-        records = self.cache.get(key)
-        if records is None or records_problem(records, seeds, self.goal.metric):  # a stale entry is run again
-            return None
-        return records
-
-    def _accept(self, key: str, seeds: list[int], raw: object) -> list[dict]:
-        """The evaluator's records of a block, checked, made plain and cached; :class:`BadEvaluation` if unusable."""
-        problem = records_problem(raw, seeds, self.goal.metric)
-        if problem:
-            raise BadEvaluation(f"evaluator returned {problem}")
-        records = [{k: float(v) for k, v in r.items() if is_qos_value(v)} for r in raw]
-        self.cache.put(key, records)
-        return records
-
-    def _outcome(self, records: list[dict]) -> list[bool]:
-        return [self.goal.passes(r[self.goal.metric]) for r in records]
-
-    def _outcomes(self, errors: dict[str, float], start: int, blocks: int) -> Iterator[list[bool]]:
-        """Each block's pass/fail list, in block order; on an executor, up to ``workers`` blocks in flight.
+    def _blocks(self, errors: dict[str, float], seeds: list[list[int]], serial: bool = False) -> Iterator[list[dict]]:
+        """Each seed block's records at ``errors``, in block order, from the cache or run (on the executor unless ``serial``).
 
         Closing the iterator (the point is decided) cancels the blocks not yet started;
         those already running are cached when they finish, so their runs are never lost.
         """
-        size = self.acceptance.block
-        if self.executor is None or self.workers <= 1:
-            for b in range(blocks):
-                yield self.run_seeds(errors, block_seeds(start, b, size))
-            return
         injectors = self.injectors(errors)
-        injection = self.injection(errors)
-        window: deque[tuple[list[int], str, Future | list[dict]]] = deque()
-        submitted = 0
+        return run_blocks(
+            seeds, partial(evaluate_block, Given(self.evaluator), injectors), self._accept,
+            executor=None if serial else self.executor, remote=partial(evaluate_block, self._remote, injectors),
+            width=self.workers, cache=PointTrials(self.cache, self.app_key, self.injection(errors), self.goal.metric))
 
-        def fill() -> None:
-            nonlocal submitted
-            while submitted < blocks and len(window) < self.workers:
-                seeds = block_seeds(start, submitted, size)
-                key = TrialCache.key(self.app_key, injection, seeds)
-                cached = self._cached(key, seeds)
-                if cached is not None:
-                    window.append((seeds, key, cached))
-                else:
-                    future = self.executor.submit(evaluate_block, self._remote, injectors, seeds)
-                    future.add_done_callback(lambda f, _k=key, _s=seeds: self._cache_finished(f, _k, _s))
-                    window.append((seeds, key, future))
-                submitted += 1
+    def _accept(self, seeds: list[int], results: list[tuple[list | None, str | None]]) -> list[dict]:
+        """A block's records from its one :func:`evaluate_block` call, checked and made plain; :class:`BadEvaluation` if unusable."""
+        [(raw, why)] = results
+        if why is not None:
+            raise BadEvaluation(why)
+        problem = records_problem(raw, seeds, self.goal.metric)
+        if problem:
+            raise BadEvaluation(f"evaluator returned {problem}")
+        return [{k: float(v) for k, v in r.items() if is_qos_value(v)} for r in raw or ()]
 
-        try:
-            fill()
-            while window:
-                seeds, key, item = window.popleft()
-                if isinstance(item, Future):
-                    raw, why = item.result()  # an executor or worker failure propagates: it is no verdict
-                    if why is not None:
-                        raise BadEvaluation(why)
-                    records = self._accept(key, seeds, raw)
-                else:
-                    records = item
-                fill()
-                yield self._outcome(records)
-        finally:
-            for _, _, item in window:
-                if isinstance(item, Future):
-                    item.cancel()
-
-    def _cache_finished(self, future: Future, key: str, seeds: list[int]) -> None:
-        """A block that finished after its point was decided still enters the cache."""
-        if future.cancelled() or future.exception() is not None:
-            return
-        raw, why = future.result()
-        if why is None:
-            try:
-                self._accept(key, seeds, raw)
-            except BadEvaluation:
-                pass
+    def _outcome(self, records: list[dict]) -> list[bool]:
+        return [self.goal.passes(r[self.goal.metric]) for r in records]
 
     def evaluate(self, errors: Mapping[str, float], on_block: Callable[[int], None] | None = None,
                  more: Callable[[int, int], bool] | None = None, max_runs: int | None = None) -> Observation:
@@ -255,9 +188,11 @@ class Calibration:
             cap = min(cap, max_runs)
         passes = failures = 0
         verdict = Verdict.UNDECIDED
-        outcomes = self._outcomes(errors, start, cap // self.acceptance.block)
+        size = self.acceptance.block
+        blocks = self._blocks(errors, [block_seeds(start, b, size) for b in range(cap // size)])
         try:
-            for outcome in outcomes:
+            for records in blocks:
+                outcome = self._outcome(records)
                 passes += sum(outcome)
                 failures += len(outcome) - sum(outcome)
                 if on_block:
@@ -272,7 +207,7 @@ class Calibration:
         except BadEvaluation as e:
             return Observation(errors, passes, failures, Verdict.FAILED, message=str(e))
         finally:
-            outcomes.close()
+            blocks.close()
         if more is not None:
             verdict = self.acceptance.decide_fixed(failures, passes + failures)
         return Observation(errors, passes, failures, verdict)

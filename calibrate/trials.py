@@ -20,11 +20,13 @@ reuses the same runs.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from qaopt.app_spec import store
 from qaopt.app_spec.hashing import content_hash
+from qaopt.calibrate.protocols import records_problem
 
 CALIBRATION_SEED_FLOOR = 2**33
 """The lowest seed a calibration uses; everything below is left to applications and to validation."""
@@ -79,3 +81,24 @@ class TrialCache:
 
     def put(self, key: str, records: list[dict]) -> None:
         store.write_text(self._path(key), json.dumps(records))
+
+
+@dataclass(frozen=True)
+class PointTrials:
+    """One point's blocks in a :class:`TrialCache`: the seed-block engine's cache (:class:`~qaopt.calibrate.blocks.BlockCache`).
+
+    A stored block that does not hold one record with a finite ``metric`` per seed (stale,
+    edited) reads as absent, so the block is run again.
+    """
+
+    cache: TrialCache
+    app_key: str
+    injection: Mapping
+    metric: str
+
+    def get(self, seeds: Sequence[int]) -> list[dict] | None:
+        records = self.cache.get(TrialCache.key(self.app_key, self.injection, list(seeds)))
+        return None if records is None or records_problem(records, seeds, self.metric) else records
+
+    def put(self, seeds: Sequence[int], result: list[dict]) -> None:
+        self.cache.put(TrialCache.key(self.app_key, self.injection, list(seeds)), result)

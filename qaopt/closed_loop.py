@@ -7,23 +7,31 @@ loop (:meth:`qaopt.calibrate.Application.evaluate_perception`) over many seeds a
 met its QoS goal at the spec's confidence, and the report says how often the
 region's prediction agreed.
 
-The runs go in blocks; on an executor (:mod:`qaopt.executor`) several blocks run at
-once and are consumed in block order with the same stopping rule, so the verdict and
-the runs counted are those of one worker.
+The runs go in blocks through the seed-block engine that calibration uses
+(:func:`qaopt.calibrate.blocks.run_blocks`); on an executor (:mod:`qaopt.executor`) several
+blocks run at once and are consumed in block order with the same stopping rule, so the
+verdict and the runs counted are those of one worker. With a :class:`ValidationBlocks`
+cache each finished block is kept on disk: a killed validation resumes after its last
+finished block, and a longer validation of the same NNs (the validation stage after an
+in-search check) reuses the blocks a shorter one ran.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 
+from qaopt.app_spec import content_hash, store
 from qaopt.application import check_method
 from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, Verdict
-from qaopt.executor import run_perception_block, workers_of
+from qaopt.calibrate.blocks import BlockCache, Given, run_blocks, workers_of
+from qaopt.calibrate.protocols import records_problem
+from qaopt.executor import run_perception_block
 from qaopt.result import RunMetric, Validation
 
 VALIDATION_SEED_BASE = 5_000_000
@@ -65,6 +73,7 @@ def validate_closed_loop(
     workers: int | None = None,
     remote: Callable[[], Application] | None = None,
     on_block: Callable[[BlockProgress], None] | None = None,
+    cache: BlockCache[list[Mapping[str, float]]] | None = None,
 ) -> Validation:
     """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them by ``goal`` and the acceptance ``test``.
 
@@ -79,13 +88,19 @@ def validate_closed_loop(
     split into single-run tasks, :data:`RUN_CHUNK`), each on a worker that builds the application with ``remote()`` (a picklable factory; default:
     ``evaluator`` pickled) and receives ``nns`` pickled (:class:`qaopt.executor.ShippedNN`);
     outcomes are consumed in block order, so the result does not depend on the workers.
-    ``on_block`` sees the progress after every block.
+    ``on_block`` sees the progress after every block. ``cache`` (a :class:`ValidationBlocks`
+    of these NNs) keeps every finished block and serves those it holds without running them.
     """
     check_method(evaluator, "evaluate_perception")
     tolerated = acceptable_failures(test, runs)
     records: list[Mapping[str, float]] = []
     failures = 0
-    blocks = _blocks(evaluator, nns, runs, test.min_trials, seed_base, threads, executor, workers, remote)
+    blocks = run_blocks(
+        validation_blocks(runs, test.min_trials, seed_base),
+        lambda seeds: evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads), _joined,
+        executor=executor, width=workers_of(executor, workers), chunk=RUN_CHUNK,
+        remote=partial(run_perception_block, remote if remote is not None else Given(evaluator), dict(nns),
+                       render_threads=threads), cache=cache)
     try:
         for block in blocks:
             records += block
@@ -119,54 +134,53 @@ runs, the same split whatever the number of workers, so runs and verdicts do not
 per task costs no more CPU than a batch of them (``benchmarks/validation_chunking.py``)."""
 
 
-def _blocks(
-    evaluator: Application, nns: Mapping[str, Perception], runs: int, size: int, seed_base: int, threads: int,
-    executor: Executor | None, workers: int | None, remote: Callable[[], Application] | None,
-) -> Iterator[list[Mapping[str, float]]]:
-    """Each block's records in block order; on an executor, up to ``workers`` tasks in flight (the rest cancelled on close)."""
-    starts = list(range(0, runs, size))
-    blocks = [[[seed_base + j for j in range(i, min(runs, s + size, i + RUN_CHUNK))]
-               for i in range(s, min(runs, s + size), RUN_CHUNK)] for s in starts]
-    width = (workers or workers_of(executor)) if executor is not None else 1
-    if width <= 1:
-        for chunks in blocks:
-            yield [r for seeds in chunks for r in evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads)]
-        return
-    make = remote if remote is not None else _Given(evaluator)
-    window: deque[list[Future]] = deque()
-    submitted = 0
-
-    def busy() -> list[Future]:
-        return [f for b in window for f in b if not f.done()]
-
-    try:
-        while submitted < len(blocks) or window:
-            # Keep every worker busy: whole blocks go out while fewer than ``width`` of their tasks are
-            # unfinished, topped up whenever any task ends (not only the oldest block's), until that block is done.
-            while True:
-                while submitted < len(blocks) and len(busy()) < width:
-                    window.append([executor.submit(run_perception_block, make, dict(nns), seeds, threads)
-                                   for seeds in blocks[submitted]])
-                    submitted += 1
-                if all(f.done() for f in window[0]):
-                    break
-                wait(busy(), return_when=FIRST_COMPLETED)
-            block = window.popleft()
-            yield [r for f in block for r in f.result()]
-    finally:
-        for block in window:
-            for future in block:
-                future.cancel()
+def validation_blocks(runs: int, size: int, seed_base: int) -> list[list[int]]:
+    """The seeds of ``runs`` validation runs in blocks of ``size`` (the last one shorter when ``size`` does not divide ``runs``)."""
+    return [list(range(seed_base + s, seed_base + min(runs, s + size))) for s in range(0, runs, size)]
 
 
-class _Given:
-    """The application itself as the picklable factory a worker calls."""
+VALIDATION_BLOCKS_VERSION = 1
+"""Version of a stored block of validation runs (its records, one per seed)."""
 
-    def __init__(self, evaluator: Application):
-        self.evaluator = evaluator
 
-    def __call__(self) -> Application:
-        return self.evaluator
+@dataclass(frozen=True)
+class ValidationBlocks:
+    """Blocks of closed-loop runs of one configuration on disk: :func:`validate_closed_loop`'s ``cache``.
+
+    One closed-loop run costs seconds, so a block is kept as soon as it finishes, under the
+    key of a whole validation (:func:`qaopt.stages.validation.validate_configuration`) with the
+    block's seeds in place of the number of runs: what ran is reused by a resumed validation or
+    one with more runs. A stored block without one finite QoS ``metric`` per seed reads as absent.
+    """
+
+    folder: Path
+    context: str
+    metric: str
+
+    @classmethod
+    def of(cls, cache_dir: str | Path, candidates: Mapping[str, str], evaluation_key: str,
+           goal: QoSGoal) -> ValidationBlocks:
+        """The blocks of the NNs ``candidates`` (NN name -> candidate key) in the application whose simulator and
+        QoS goal hash to ``evaluation_key`` (:attr:`qaopt.plan.BoundApplication.evaluation_key`)."""
+        return cls(Path(cache_dir) / "optimize" / "validation" / "blocks",
+                   content_hash("validation", dict(candidates), evaluation_key), goal.metric)
+
+    def _path(self, seeds: Sequence[int]) -> Path:
+        return self.folder / f"{content_hash(self.context, list(seeds))}.json"
+
+    def get(self, seeds: Sequence[int]) -> list[Mapping[str, float]] | None:
+        records = store.read_json(self._path(seeds), type(self).__name__, VALIDATION_BLOCKS_VERSION)
+        return None if records_problem(records, seeds, self.metric) else records
+
+    def put(self, seeds: Sequence[int], result: list[Mapping[str, float]]) -> None:
+        """Stores the records with numpy scalars as plain numbers: an integer stays one (a count, for the report)."""
+        plain = [{k: v.item() if isinstance(v, np.generic) else v for k, v in r.items()} for r in result]
+        store.write_json(self._path(seeds), type(self).__name__, VALIDATION_BLOCKS_VERSION, plain)
+
+
+def _joined(_seeds: list[int], tasks: list[list[Mapping[str, float]]]) -> list[Mapping[str, float]]:
+    """A block's records: its tasks' records in seed order."""
+    return [r for task in tasks for r in task]
 
 
 def run_metrics(records: list[Mapping[str, float]], seed_base: int, goal: QoSGoal) -> dict:

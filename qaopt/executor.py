@@ -335,13 +335,6 @@ def lock_key(spec: AppSpec) -> str | None:
     return None if target.device == "rpc" else target.device_key
 
 
-def workers_of(executor: Executor | None) -> int:
-    """How many tasks ``executor`` runs at once (1 for none)."""
-    if executor is None:
-        return 1
-    return int(getattr(executor, "workers", None) or getattr(executor, "_max_workers", None) or 1)
-
-
 # --------------------------------------------------------------------------- what workers run
 
 

@@ -2,29 +2,33 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qaopt.app_spec import load
 from qaopt.application import ApplicationError
 from qaopt.calibrate import AcceptanceTest
-from qaopt.closed_loop import acceptable_failures, validate_closed_loop
+from qaopt.closed_loop import ValidationBlocks, acceptable_failures, validate_closed_loop
 from qaopt.spec_adapter import acceptance_of, goal_of
 
 SPEC = Path(__file__).resolve().parent / "apps" / "tiny.yaml"
 
 
 class ScriptedApp:
-    """Fails exactly the listed seeds; records which seeds it ran and the options it got."""
+    """Fails exactly the listed seeds; records which seeds it ran and the options it got; dies at ``dies_at``."""
 
-    def __init__(self, failing: set[int]):
-        self.failing, self.seeds, self.options = failing, [], []
+    def __init__(self, failing: set[int], dies_at: int | None = None):
+        self.failing, self.seeds, self.options, self.dies_at = failing, [], [], dies_at
 
     def evaluate_perception(self, nns, seeds, render_threads=1):
+        if self.dies_at in seeds:
+            raise KeyboardInterrupt  # the validation is killed in the middle of a block
         self.seeds += list(seeds)
         self.options.append(render_threads)
-        return [{"errors": float(s in self.failing)} for s in seeds]
+        return [{"errors": float(s in self.failing), "collisions": np.int64(s in self.failing)} for s in seeds]
 
 
 def _spec():
@@ -74,4 +78,35 @@ def test_an_evaluator_without_closed_loop_runs_is_named():
 
     with pytest.raises(ApplicationError, match=r"InjectionOnly has no method evaluate_perception\(nns, seeds, "
                                                r"render_threads=1\); closed-loop validation"):
-        validate_closed_loop(InjectionOnly(), {}, goal_of(_spec()), acceptance_of(_spec()), 8, trial=1, region_predicted_valid=True)
+        validate_closed_loop(InjectionOnly(), {}, goal_of(_spec()), acceptance_of(_spec()), 8, trial=1,
+                             region_predicted_valid=True)
+
+
+def test_cached_blocks_resume_a_killed_validation_and_serve_a_longer_one(tmp_path):
+    spec, block = _spec(), _spec().qos.acceptance.min_trials
+    judge = (goal_of(spec), acceptance_of(spec))
+    key = spec.content_hash("evaluator", "qos")
+    cache = ValidationBlocks.of(tmp_path, {"a": "pruned-1", "b": "int8-2"}, key, judge[0])
+    with pytest.raises(KeyboardInterrupt):
+        validate_closed_loop(ScriptedApp(set(), dies_at=100 + 2 * block + 1), {}, *judge, 5 * block, trial=1,
+                             region_predicted_valid=True, seed_base=100, cache=cache)
+    uncached = validate_closed_loop(ScriptedApp(set()), {}, *judge, 5 * block, trial=1, region_predicted_valid=True,
+                                    seed_base=100)
+
+    resumed = ScriptedApp(set())
+    v = validate_closed_loop(resumed, {}, *judge, 5 * block, trial=1, region_predicted_valid=True, seed_base=100,
+                             cache=cache)
+    assert v == uncached and v.metrics["collisions"].total == 0  # an integer read back from the cache is still a count
+    assert resumed.seeds == list(range(100 + 2 * block, 100 + 5 * block))  # the two blocks before the kill are kept
+
+    with ThreadPoolExecutor(3) as ex:  # a longer validation of the same NNs runs only its new block, on any workers
+        longer = ScriptedApp(set())
+        v = validate_closed_loop(longer, {}, *judge, 6 * block, trial=1, region_predicted_valid=True, seed_base=100,
+                                 cache=ValidationBlocks.of(tmp_path, {"a": "pruned-1", "b": "int8-2"}, key, judge[0]),
+                                 executor=ex)
+    assert v.runs == 6 * block and sorted(longer.seeds) == list(range(100 + 5 * block, 100 + 6 * block))
+
+    other = ScriptedApp(set())  # other NNs share nothing
+    validate_closed_loop(other, {}, *judge, block, trial=1, region_predicted_valid=True, seed_base=100,
+                         cache=ValidationBlocks.of(tmp_path, {"a": "pruned-1", "b": "int8-3"}, key, judge[0]))
+    assert other.seeds == list(range(100, 100 + block))

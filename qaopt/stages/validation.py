@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qaopt.app_spec import content_hash, store
-from qaopt.closed_loop import VALIDATION_SEED_BASE, BlockProgress, validate_closed_loop
+from qaopt.closed_loop import VALIDATION_SEED_BASE, BlockProgress, ValidationBlocks, validate_closed_loop
 from qaopt.events import RunBlock, StageEvents
 from qaopt.executor import ShippedNN
 from qaopt.pipeline import BaseStage, StageRun, register_stage
@@ -141,9 +141,11 @@ def validate_configuration(
     else:
         nns = {n: ShippedNN(c) for n, c in candidates.items()}
         parallel = {"executor": executor, "remote": app.remote()}
+    # Each finished block of runs is kept: a killed validation resumes after it, a longer one of these NNs reuses it.
+    blocks = ValidationBlocks.of(ctx.cache_dir, _candidates(config), app.evaluation_key, app.goal)
     validation = validate_closed_loop(
         app.evaluator(), nns, app.goal, app.acceptance, runs,
-        threads=plan.threads if executor is None else 1, on_block=show, **parallel, **labels,
+        threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, **parallel, **labels,
     )
     store.write_model(path, validation, VALIDATION_VERSION)
     if events:

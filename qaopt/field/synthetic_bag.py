@@ -59,9 +59,6 @@ MSGDEFS: dict[str, str] = {
 }
 """``ros2msg`` definitions of the types the tests, the benchmark and the example record."""
 
-RUN_TOPIC, EVENTS_TOPIC, CONFIG_TOPIC = "/qaopt/run", "/qaopt/events", "/qaopt/config"
-
-
 def stamp(t_ns: int) -> dict[str, int]:
     return {"sec": t_ns // 1_000_000_000, "nanosec": t_ns % 1_000_000_000}
 
@@ -91,18 +88,31 @@ class SyntheticBag:
     def write(self, topic: str, datatype: str, message: dict[str, Any], t_ns: int) -> None:
         self._writer.write_message(topic, self.schema(datatype), message, log_time=t_ns)
 
-    def raw(self, topic: str, datatype: str, data: bytes, t_ns: int) -> None:
-        """A message whose bytes are written as given (a corrupt message, for the tests)."""
-        inner = self._writer._writer  # mcap_ros2 encodes every message; raw bytes go underneath it
-        self.write_channel(topic, datatype)
-        inner.add_message(channel_id=self._writer._channel_ids[topic], log_time=t_ns,
-                          publish_time=t_ns, sequence=0, data=data)
+    # mcap_ros2's writer encodes every message it is given; what it cannot write (bytes as
+    # they are, a topic without messages, another encoding) goes to the MCAP writer beneath it.
 
-    def write_channel(self, topic: str, datatype: str) -> None:
-        """Register ``topic`` with no message yet (rosbag2 does so for every subscribed topic)."""
+    def raw(self, topic: str, datatype: str, data: bytes, t_ns: int) -> None:
+        """A message of ``topic`` whose bytes are written as given (a corrupt message, for the tests)."""
+        self.channel(topic, datatype)
+        self._writer._writer.add_message(channel_id=self._writer._channel_ids[topic], log_time=t_ns,
+                                         publish_time=t_ns, sequence=0, data=data)
+
+    def channel(self, topic: str, datatype: str) -> None:
+        """Register ``topic`` with no message yet (rosbag2 does so for every topic it subscribes to)."""
         if topic not in self._writer._channel_ids:
             self._writer._channel_ids[topic] = self._writer._writer.register_channel(
                 topic=topic, message_encoding="cdr", schema_id=self.schema(datatype).id)
+
+    def foreign(self, topic: str, datatype: str, encoding: str, data: bytes, t_ns: int) -> None:
+        """A message of a non-ROS 2 encoding (``json``, ``protobuf``): schema and messages as given."""
+        inner = self._writer._writer
+        schema_id = inner.register_schema(datatype, encoding, b"{}")
+        channel_id = inner.register_channel(topic=topic, message_encoding=encoding, schema_id=schema_id)
+        inner.add_message(channel_id=channel_id, log_time=t_ns, publish_time=t_ns, sequence=0, data=data)
+
+    def metadata(self, name: str, data: dict[str, str]) -> None:
+        """An MCAP metadata record (``mcap add metadata`` writes one into a recorded bag)."""
+        self._writer.add_metadata(name, data)
 
     def odometry(self, t_ns: int, x: float, y: float, yaw: float, speed: float,
                  topic: str = "/odom") -> None:

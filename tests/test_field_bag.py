@@ -193,6 +193,12 @@ def test_a_truncated_bag_is_one_line_naming_the_file(tmp_path):
     (line,) = str(err.value).splitlines()
     assert line.startswith(f"{bag}: not a complete MCAP bag") and "mcap recover cut.mcap" in line
     assert store.runs() == []
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF  # one bad byte inside a compressed chunk
+    bag.write_bytes(bytes(flipped))
+    with pytest.raises(FieldError) as err:
+        import_bag(store, bag, MAPPING, application="cf")
+    assert _one_line(err).startswith(f"{bag}: not a complete MCAP bag") and store.runs() == []
     (tmp_path / "text.mcap").write_text("id,distance\n")
     with pytest.raises(FieldError, match=r"text.mcap: not a complete MCAP bag"):
         read_bag(tmp_path / "text.mcap", application="cf")

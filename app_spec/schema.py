@@ -192,6 +192,13 @@ class BagRuns(Section):
     gap_s: float | None = Field(None, gt=0, description=(
         "instead of a topic: a silence of the distance topic longer than this many seconds ends a run"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gap_instead_of_topic(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("gap_s") is not None and "topic" not in data:
+            data = {**data, "topic": None}  # `runs: {gap_s: 10}` replaces the default topic
+        return data
+
     @model_validator(mode="after")
     def _one_way(self) -> BagRuns:
         if (self.topic is None) == (self.gap_s is None):

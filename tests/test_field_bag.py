@@ -13,10 +13,9 @@ import yaml
 
 from qaopt.app_spec import SpecError, load
 from qaopt.cli import main
-from qaopt.field import FieldError, ImportRowsError, Store
-from qaopt.field import ros_events
-from qaopt.field.bag import BagMappingError, import_bag, import_spec_bag, load_mapping, read_bag
 from qaopt.app_spec.schema import BagMapping
+from qaopt.field import BagMappingError, FieldError, ImportRowsError, Store, import_bag, read_bag, ros_events
+from qaopt.field.bag import load_mapping
 from qaopt.field.synthetic_bag import SyntheticBag
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,7 +132,7 @@ def test_split_on_a_pause_of_the_odometry(tmp_path):
         b.string("/qaopt/events", ros_events.event("intervention"), T0 + 45 * S)  # in the pause
         second = drive(b, T0 + 90 * S, 20.0, speed=0.5)
         b.string("/qaopt/events", ros_events.event("collision"), T0 + 95 * S)
-    mapping = BagMapping(runs={"topic": None, "gap_s": 5.0}, config=None)
+    mapping = BagMapping(runs={"gap_s": 5.0}, config=None)
     reading = read_bag(bag, mapping, application="cf")
     assert [r.distance_m for r in reading.runs] == [pytest.approx(first, rel=0.01), pytest.approx(second, rel=0.01)]
     assert [[e.kind for e in r.events] for r in reading.runs] == [["collision"], ["collision"]]
@@ -164,21 +163,23 @@ def test_a_bad_message_imports_nothing_and_is_named_with_topic_time_and_reason(t
         b.string("/qaopt/run", ros_events.run_start(), T0 + S)
         drive(b, T0 + S, 10.0)
         b.raw("/odom", "nav_msgs/msg/Odometry", b"\x00\x01\x00\x00\x07\x00", T0 + 5 * S + 1)
+        b.odometry(T0 + 5 * S + 2, math.nan, 0.0, 0.0, 0.6)
         b.string("/qaopt/events", '{"event": "collision", "distance_m": -3}', T0 + 6 * S)
         b.string("/qaopt/run", ros_events.run_end(), T0 + 12 * S)
     store = Store(tmp_path / "f.db")
     with pytest.raises(ImportRowsError) as err:
         import_bag(store, bag, application="cf")
     lines = str(err.value).splitlines()
-    assert lines[0] == "nothing imported: 2 bad message(s); fix them and import the bag again"
+    assert lines[0] == "nothing imported: 3 bad message(s); fix them and import the bag again"
     assert lines[1].startswith(f"{bag}: /odom @ 2026-05-28T20:26:45.000000001Z: cannot decode as nav_msgs/msg/Odometry")
-    assert lines[2] == (f"{bag}: /qaopt/events @ 2026-05-28T20:26:46.000000000Z: distance_m: "
+    assert lines[2] == f"{bag}: /odom @ 2026-05-28T20:26:45.000000002Z: pose.pose.position is not finite: (nan, 0.0)"
+    assert lines[3] == (f"{bag}: /qaopt/events @ 2026-05-28T20:26:46.000000000Z: distance_m: "
                         "Input should be greater than or equal to 0")
     assert store.runs() == []
     done = import_bag(store, bag, application="cf", skip_bad=True)
-    assert len(done.reading.skipped) == 2
+    assert len(done.reading.skipped) == 3
     (run,) = store.runs()
-    assert run.events == () and "2 bad bag message(s) left out" in run.notes
+    assert run.events == () and "3 bad bag message(s) left out" in run.notes
     assert run.distance_m == pytest.approx(6.0, rel=0.01)
 
 

@@ -538,7 +538,9 @@ class _Builder:
                     math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) for a, b in zip(mine, generic))
                 return generic
             if fast is not None and self.fast[topic]:
-                return fast[:2] if self.source == "position" else fast[2:]
+                reading = fast[:2] if self.source == "position" else fast[2:]
+                if math.isfinite(reading[0]) and math.isfinite(reading[1]):
+                    return reading  # else the generic path names the message
         return self._generic(role, topic, data)
 
     def _generic(self, role: _Role, topic: str, data: bytes) -> tuple[float, ...]:

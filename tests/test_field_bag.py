@@ -322,7 +322,7 @@ def test_cli_light_path_with_a_json_mapping(tmp_path, capsys):
               "--mapping", str(mapping)])
     err = capsys.readouterr().err
     assert exc.value.code == 2
-    assert err.strip() == ("error: evaluator.field.bag.events./qos/near_miss: topic /qos/near_miss carries "
+    assert err.strip() == (f"error: {mapping}: events./qos/near_miss: topic /qos/near_miss carries "
                            "std_msgs/msg/Empty; this role reads std_msgs/msg/String (or map the topic to an event "
                            "kind instead of 'json')")
     mapping.write_text('{"events": {"/qaopt/events": "json"}, "ignore": ["/bumper"], "distance": {"source": "gps"}}')
@@ -375,3 +375,19 @@ def test_the_robot_helper_publishes_what_import_bag_reads(tmp_path, monkeypatch)
     (event,) = run.events
     assert event.kind == "disengagement" and event.position == {"x": 1.0, "y": 2.0}
     assert event.data == {"reason": "gps lost"}
+
+
+def test_a_bool_run_topic_is_a_state_repeated_while_driving(tmp_path):
+    """A std_msgs/Bool 'autonomy engaged' published at 1 Hz: a run from each turn to true to the turn to false."""
+    bag = tmp_path / "engaged.mcap"
+    with SyntheticBag(bag) as b:
+        for k, start in enumerate((T0, T0 + 60 * S)):
+            drive(b, start, 20.0)
+            for second in range(21):
+                b.write("/engaged", "std_msgs/msg/Bool", {"data": second < 20}, start + second * S)
+    mapping = BagMapping(runs={"topic": "/engaged"}, config=None, events={})
+    reading = read_bag(bag, mapping, application="cf")
+    assert [(r.status, r.started_at.timestamp()) for r in reading.runs] == [
+        ("complete", T0 / S), ("complete", T0 / S + 60)]
+    assert [r.distance_m for r in reading.runs] == [pytest.approx(0.6 * 20, rel=0.01)] * 2
+    assert reading.notes == []

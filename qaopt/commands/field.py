@@ -196,8 +196,14 @@ def import_bag(
         if application is None:
             raise FieldError("import-bag: name the application with --app NAME (or give --spec SPEC alone)")
         with open_store(store, spec) as st:
-            done = bags.import_bag(st, path, bags.load_mapping(mapping) if mapping else None,
-                                   application=application, **options)
+            try:
+                done = bags.import_bag(st, path, bags.load_mapping(mapping) if mapping else None,
+                                       application=application, **options)
+            except bags.BagMappingError as exc:  # named in the mapping file, when there is one
+                if mapping is None:
+                    raise
+                raise FieldError("\n".join(f"{mapping}: {where}: {message}"
+                                           for where, message in exc.problems)) from None
     for note in done.reading.notes:
         typer.echo(f"note: {note}", err=True)
     for problem in done.reading.skipped:

@@ -24,7 +24,7 @@ import math
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -254,8 +254,11 @@ def _boundary_topic(mapping: BagMapping) -> str:
     return mapping.runs.topic if mapping.runs is not None and mapping.runs.topic else mapping.distance.topic
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def _ns(at: datetime) -> int:
-    return round(at.timestamp() * 1e9)
+    return (at - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
 def _time(ns: int) -> datetime:
@@ -559,7 +562,7 @@ class _Builder:
 
     def _distance(self, role: _Role, topic: str, t_ns: int, data: bytes) -> None:
         reading = self._reading(role, topic, data)
-        if self.gap_ns is not None and self.run is not None and t_ns - self.run.last_ns > self.gap_ns:
+        if self.gap_ns is not None and self.run is not None and t_ns - self.last_distance_ns > self.gap_ns:
             self._close(self.run.last_ns, "complete", "")
         if self.run is None and (self.single or self.gap_ns is not None):
             self._open(t_ns, topic, {})
@@ -596,7 +599,7 @@ class _Builder:
             text = getattr(message, "data", None) if role.datatype == STRING else None
             event = {"kind": role.event_kind, "data": {"text": text} if text else {}}
         run = self.run
-        if run is None or (self.gap_ns is not None and t_ns - run.last_ns > self.gap_ns):
+        if run is None or (self.gap_ns is not None and t_ns - self.last_distance_ns > self.gap_ns):
             self.notes.append(f"{self.path.name}: {topic} @ {_time(t_ns).isoformat()}: {event['kind']} "
                               "outside any run, not imported")
             return
@@ -620,7 +623,9 @@ class _Builder:
         self.config = config
 
     def _boundary(self, role: _Role, topic: str, t_ns: int, message: Any) -> None:
-        if role.datatype == BOOL:
+        if role.datatype == BOOL:  # a state: a run starts when it turns true and ends when it turns false
+            if bool(message.data) == (self.run is not None):
+                return
             msg = RunMessage(run="start" if message.data else "end")
         else:
             msg = _json_message(RunMessage, message.data)

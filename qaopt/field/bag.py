@@ -527,7 +527,8 @@ class _Builder:
         try:
             return role.decode(data)
         except Exception as exc:  # CDR that does not fit its schema fails in struct, index or text decoding
-            raise _BadMessage(f"cannot decode as {role.datatype}: {type(exc).__name__}: {exc}") from None
+            what = "malformed CDR" if isinstance(exc, (struct.error, IndexError)) else type(exc).__name__
+            raise _BadMessage(f"cannot decode as {role.datatype} ({what}: {exc})") from None
 
     # -- distance --
 

@@ -164,6 +164,8 @@ MessageField = _pattern(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", "a dotted path
 
 EventKindName = _pattern(r"[a-z][a-z0-9_]*", "an event kind (lower case, digits and _)", "collision")
 
+TopicPrefix = _pattern(r"/.*", "a topic prefix", "/qos/")
+
 BAG_SECTION = "evaluator.field.bag"
 """Where a spec holds its :class:`BagMapping`; errors about the mapping name its fields under it."""
 
@@ -226,7 +228,7 @@ class BagMapping(Section):
     runs: BagRuns | None = Field(default_factory=BagRuns, description="null: the whole bag is one run")
     metadata: str = Field("qaopt", min_length=1, description=(
         "the MCAP metadata record whose keys are the bag's conditions (weather, field, ...), operator and notes"))
-    watch: list[_pattern(r"/.*", "a topic prefix", "/qos/")] = Field(default_factory=lambda: ["/qaopt/", "/qos/"], description=(
+    watch: list[TopicPrefix] = Field(default_factory=lambda: ["/qaopt/", "/qos/"], description=(
         "topic prefixes of QoS events: a topic of the bag under one of them that the mapping does not read is an "
         "error (an event that is never counted would make the field look better than it is)"))
     ignore: list[RosTopic] = Field(default_factory=list, description="topics under `watch` to leave out on purpose")

@@ -375,7 +375,6 @@ class _Role:
     """What a mapped topic is read as, with its decoder."""
 
     kind: Literal["distance", "event", "config", "runs"]
-    where: str  # the mapping field that names the topic
     datatype: str
     decode: Callable[[bytes], Any]
     event_kind: str | None = None
@@ -430,7 +429,7 @@ def _roles(mapping: BagMapping, summary, path: Path) -> dict[str, _Role]:
                                     + (f" (or map the topic to an event kind instead of {JSON_EVENTS!r})"
                                        if event_kind == JSON_EVENTS else "")))
             continue
-        roles[topic] = _Role(kind, where, datatype, decode, event_kind)
+        roles[topic] = _Role(kind, datatype, decode, event_kind)
     if problems:
         raise BagMappingError(path, problems)
     return roles

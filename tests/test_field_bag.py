@@ -391,3 +391,24 @@ def test_a_bool_run_topic_is_a_state_repeated_while_driving(tmp_path):
         ("complete", T0 / S), ("complete", T0 / S + 60)]
     assert [r.distance_m for r in reading.runs] == [pytest.approx(0.6 * 20, rel=0.01)] * 2
     assert reading.notes == []
+
+
+def test_the_fast_odometry_reader_agrees_with_the_decoder_and_refuses_what_it_cannot_read(tmp_path):
+    from mcap.reader import make_reader
+    from mcap_ros2.decoder import DecoderFactory
+
+    from qaopt.field.bag import _odometry_fast
+
+    bag = tmp_path / "odom.mcap"
+    with SyntheticBag(bag) as b:
+        b.odometry(T0, 12.5, -3.25, 0.3, 0.6)
+        b.odometry(T0 + 1, 1.0, 2.0, 0.0, 0.4, frame_id="map", child_frame_id="robot_base_footprint")  # other padding
+    with open(bag, "rb") as f:
+        messages = list(make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages())
+    for _, _, raw, decoded in messages:
+        position, linear = decoded.pose.pose.position, decoded.twist.twist.linear
+        assert _odometry_fast(raw.data) == (position.x, position.y, linear.x, linear.y)
+        assert _odometry_fast(raw.data[:-8]) is None  # cut short
+        assert _odometry_fast(raw.data + b"\x00" * 8) is None  # longer than an Odometry
+        assert _odometry_fast(b"\x00\x00" + raw.data[2:]) is None  # big-endian: left to the decoder
+        assert _odometry_fast(raw.data[:16]) is None

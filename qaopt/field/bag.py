@@ -438,6 +438,8 @@ def _roles(mapping: BagMapping, summary, path: Path) -> dict[str, _Role]:
 # ---- turning messages into runs -----------------------------------------------------------
 
 _ODOMETRY_TAIL = 8 * 85  # pose (3 + 4 + 36 float64) and twist (3 + 3 + 36 float64)
+_U32 = struct.Struct("<I")
+_XY = struct.Struct("<2d")
 
 
 def _odometry_fast(data: bytes) -> tuple[float, float, float, float] | None:
@@ -447,25 +449,24 @@ def _odometry_fast(data: bytes) -> tuple[float, float, float, float] | None:
     two numbers; at 50 Hz that is most of an import's time. Odometry's layout is fixed by
     its type: a stamp, two strings, then 85 float64s. Any doubt (big-endian, a string
     without its terminator, a wrong size) returns None and the generic decoder decides.
+    Offsets count from byte 4, after the encapsulation header, as CDR aligns them.
     """
-    if len(data) < 16 or data[1] != 1:
+    size = len(data)
+    if size < 16 or data[1] != 1:
         return None
-    body = memoryview(data)[4:]
-    offset = 8
-    for _ in range(2):  # header.frame_id, child_frame_id
-        offset = (offset + 3) & ~3
-        if offset + 4 > len(body):
+    offset = 12  # after the stamp: header.frame_id, then child_frame_id, each length + text + NUL
+    for _ in range(2):
+        offset = ((offset - 4 + 3) & ~3) + 4
+        if offset + 4 > size:
             return None
-        (n,) = struct.unpack_from("<I", body, offset)
+        n = _U32.unpack_from(data, offset)[0]
         offset += 4 + n
-        if n == 0 or offset > len(body) or body[offset - 1] != 0:
+        if n == 0 or offset > size or data[offset - 1] != 0:
             return None
-    offset = (offset + 7) & ~7
-    if not 0 <= len(body) - (offset + _ODOMETRY_TAIL) < 8:
+    offset = ((offset - 4 + 7) & ~7) + 4
+    if not 0 <= size - (offset + _ODOMETRY_TAIL) < 8:
         return None
-    x, y = struct.unpack_from("<2d", body, offset)
-    vx, vy = struct.unpack_from("<2d", body, offset + 8 * 43)
-    return x, y, vx, vy
+    return _XY.unpack_from(data, offset) + _XY.unpack_from(data, offset + 8 * 43)
 
 
 def _field(message: Any, path: str) -> Any:

@@ -115,9 +115,9 @@ class SyntheticBag:
         self._writer.add_metadata(name, data)
 
     def odometry(self, t_ns: int, x: float, y: float, yaw: float, speed: float,
-                 topic: str = "/odom") -> None:
+                 topic: str = "/odom", frame_id: str = "odom", child_frame_id: str = "base_link") -> None:
         self.write(topic, "nav_msgs/msg/Odometry", {
-            "header": {"stamp": stamp(t_ns), "frame_id": "odom"}, "child_frame_id": "base_link",
+            "header": {"stamp": stamp(t_ns), "frame_id": frame_id}, "child_frame_id": child_frame_id,
             "pose": {"pose": {"position": {"x": x, "y": y, "z": 0.0},
                               "orientation": {"x": 0.0, "y": 0.0, "z": math.sin(yaw / 2), "w": math.cos(yaw / 2)}},
                      "covariance": [0.0] * 36},

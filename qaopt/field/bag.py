@@ -312,8 +312,8 @@ _MESSAGE_OPCODE = 0x05
 def _ordered(stream, reader, summary, topics: list[str]) -> Iterator[tuple[str, int, bytes]]:
     """The wanted messages merged into log-time order one chunk at a time.
 
-    mcap's reader orders messages through a heap of Python objects compared in Python, which
-    took most of an import's time. Here chunks are taken in the order of their first message
+    mcap's reader orders messages through a heap of objects compared in Python, which took
+    most of an import's time (docs/BENCHMARKS.md, "Field runs from ROS 2 bags"). Here chunks are taken in the order of their first message
     and their wanted messages pushed as plain tuples (compared in C); a message is released
     once no chunk still to be read can hold an earlier one, so memory holds only the chunks
     that overlap in time (rosbag2 writes them one after another).

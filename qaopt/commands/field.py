@@ -190,12 +190,14 @@ def import_bag(
     path = _bag_file(bag)
     conditions = _pairs(condition, "--condition", False)
     options = dict(conditions=conditions, operator=operator, skip_bad=skip_bad)
-    if spec is not None and mapping is None and application is None:
-        done = bags.import_spec_bag(spec, path, store=store, **options)
+    if spec is not None:
+        if mapping is not None:
+            raise FieldError("import-bag: --mapping replaces a spec's evaluator.field.bag; give --spec or --mapping")
+        done = bags.import_spec_bag(spec, path, store=store, application=application, **options)
     else:
         if application is None:
-            raise FieldError("import-bag: name the application with --app NAME (or give --spec SPEC alone)")
-        with open_store(store, spec) as st:
+            raise FieldError("import-bag: name the application with --app NAME (or give --spec SPEC)")
+        with open_store(store, None) as st:
             try:
                 done = bags.import_bag(st, path, bags.load_mapping(mapping) if mapping else None,
                                        application=application, **options)

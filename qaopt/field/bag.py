@@ -202,11 +202,11 @@ def import_bag(store: Store, path: str | Path, mapping: BagMapping | None = None
 
 
 def import_spec_bag(spec: AppSpec | str | Path, path: str | Path, *, store: str | Path | Store | None = None,
-                    conditions: dict[str, Any] | None = None, operator: str | None = None,
-                    skip_bad: bool = False) -> BagImport:
+                    application: str | None = None, conditions: dict[str, Any] | None = None,
+                    operator: str | None = None, skip_bad: bool = False) -> BagImport:
     """:func:`import_bag` with the spec's ``evaluator.field.bag`` mapping, ``app.name`` and store
-    (``store`` overrides it); a mapping that does not fit the bag is reported at its
-    ``file:line:col`` in the spec. Needs the full install (the spec loader)."""
+    (``store`` and ``application`` override them); a mapping that does not fit the bag is reported
+    at its ``file:line:col`` in the spec. Needs the full install (the spec loader)."""
     from qaopt.app_spec import SpecError
     from qaopt.spec import load_spec, located
 
@@ -220,7 +220,7 @@ def import_spec_bag(spec: AppSpec | str | Path, path: str | Path, *, store: str 
     own = not isinstance(store, Store)
     st = store if isinstance(store, Store) else Store(store if store is not None else source.store)
     try:
-        return import_bag(st, path, mapping, application=spec.app.name, conditions=conditions,
+        return import_bag(st, path, mapping, application=application or spec.app.name, conditions=conditions,
                           operator=operator, skip_bad=skip_bad)
     except BagMappingError as exc:  # placed at the mapping's field, or at evaluator.field when it is the default
         raise SpecError(located(spec, [{"loc": ("evaluator", "field", "bag", *_loc(where)), "msg": message}
@@ -521,7 +521,7 @@ class _Builder:
                 return
             self.skipped.append(problem)
             if self.run is not None:
-                self.run.skipped.append(f"{topic} @ {t_ns}: {exc}")
+                self.run.skipped.append(str(problem).removeprefix(f"{self.path}: "))
 
     def _decode(self, role: _Role, data: bytes) -> Any:
         try:

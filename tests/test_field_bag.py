@@ -412,3 +412,20 @@ def test_the_fast_odometry_reader_agrees_with_the_decoder_and_refuses_what_it_ca
         assert _odometry_fast(raw.data + b"\x00" * 8) is None  # longer than an Odometry
         assert _odometry_fast(b"\x00\x00" + raw.data[2:]) is None  # big-endian: left to the decoder
         assert _odometry_fast(raw.data[:16]) is None
+
+
+def test_a_configuration_that_changes_during_a_run_is_a_bad_message(tmp_path):
+    bag = tmp_path / "swap.mcap"
+    with SyntheticBag(bag) as b:
+        b.channel("/qaopt/events", "std_msgs/msg/String")
+        b.string("/qaopt/config", "3f2a9c", T0)  # the hash alone, as plain text
+        b.string("/qaopt/run", ros_events.run_start(), T0 + S)
+        drive(b, T0 + S, 10.0)
+        b.string("/qaopt/config", "3f2a9c", T0 + 3 * S)  # the same one again (latched, re-sent): fine
+        b.string("/qaopt/config", "b71e00", T0 + 5 * S)
+        b.string("/qaopt/run", ros_events.run_end(), T0 + 12 * S)
+    with pytest.raises(ImportRowsError) as err:
+        read_bag(bag, application="cf")
+    (problem,) = err.value.problems
+    assert (problem.topic, problem.log_time_ns) == ("/qaopt/config", T0 + 5 * S)
+    assert problem.message.startswith("the configuration changed during the run that started at 2026-05-28T20:26:41")

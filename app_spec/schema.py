@@ -209,6 +209,18 @@ class BagRuns(Section):
         return self
 
 
+PARAMETER_EVENTS = "/parameter_events"
+"""Where ROS 2 publishes every node's parameter changes (``rcl_interfaces/msg/ParameterEvent``)."""
+
+
+class BagParameter(Section):
+    """A node's parameter that names the configuration, as recorded on ``/parameter_events``."""
+
+    node: RosTopic = Field(description="the node's fully qualified name, e.g. /cropfollow")
+    parameter: str = Field(min_length=1, description=(
+        "a string parameter holding the configuration's hash or its JSON, e.g. qaopt_config"))
+
+
 class BagMapping(Section):
     """How ``qaopt field import-bag`` turns a ROS 2 bag (MCAP) into field runs (docs/field.md, "ROS 2 bags").
 
@@ -222,9 +234,10 @@ class BagMapping(Section):
             "topic -> event kind (collision, intervention, disengagement or one of your own): each message is one "
             "event, a std_msgs/Bool one each time it turns true; 'json': std_msgs/String messages of JSON events "
             "({\"event\": \"collision\", ...})"))
-    config: RosTopic | None = Field("/qaopt/config", description=(
+    config: RosTopic | BagParameter | None = Field("/qaopt/config", description=(
         "a latched std_msgs/String naming the configuration that ran: its hash, or JSON {\"hash\", \"knobs\", "
-        "\"nn_errors\", \"error_point\"}; the last one before a run starts is that run's"))
+        "\"nn_errors\", \"error_point\"}; or {node, parameter}: a node's string parameter holding the same, read "
+        "from /parameter_events (record that topic); the last one before a run starts is that run's"))
     runs: BagRuns | None = Field(default_factory=BagRuns, description="null: the whole bag is one run")
     metadata: str = Field("qaopt", min_length=1, description=(
         "the MCAP metadata record whose keys are the bag's conditions (weather, field, ...), operator and notes"))
@@ -252,7 +265,9 @@ class BagMapping(Section):
         """``(field path, topic)`` of every topic the mapping reads, for errors that name the field to fix."""
         uses = [("distance.topic", self.distance.topic)]
         uses += [(f"events.{topic}", topic) for topic in self.events]
-        if self.config is not None:
+        if isinstance(self.config, BagParameter):
+            uses.append(("config", PARAMETER_EVENTS))
+        elif self.config is not None:
             uses.append(("config", self.config))
         if self.runs is not None and self.runs.topic is not None:
             uses.append(("runs.topic", self.runs.topic))

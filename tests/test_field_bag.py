@@ -429,3 +429,28 @@ def test_a_configuration_that_changes_during_a_run_is_a_bad_message(tmp_path):
     (problem,) = err.value.problems
     assert (problem.topic, problem.log_time_ns) == ("/qaopt/config", T0 + 5 * S)
     assert problem.message.startswith("the configuration changed during the run that started at 2026-05-28T20:26:41")
+
+
+def test_the_configuration_from_a_node_parameter_on_parameter_events(tmp_path):
+    bag = tmp_path / "params.mcap"
+    with SyntheticBag(bag) as b:
+        b.channel("/qaopt/events", "std_msgs/msg/String")
+        b.parameter("/cropfollow", "qaopt_config", '{"hash": "3f2a9c", "nn_errors": {"heading": 4.1}}', T0)
+        b.parameter("/camera_driver", "qaopt_config", "not ours", T0 + 1)
+        for k in range(2):
+            start = T0 + (10 + 60 * k) * S
+            if k == 1:
+                b.parameter("/cropfollow", "qaopt_config", "b71e00", start - S, changed=True)
+            b.string("/qaopt/run", ros_events.run_start(), start)
+            drive(b, start, 5.0)
+            b.string("/qaopt/run", ros_events.run_end(), start + 6 * S)
+    mapping = BagMapping(config={"node": "/cropfollow", "parameter": "qaopt_config"})
+    runs = read_bag(bag, mapping, application="cf").runs
+    assert [(r.config.hash, r.config.nn_errors) for r in runs] == [("3f2a9c", {"heading": 4.1}), ("b71e00", {})]
+    with SyntheticBag(tmp_path / "no-params.mcap") as b:  # /parameter_events not recorded
+        b.channel("/qaopt/events", "std_msgs/msg/String")
+        b.string("/qaopt/run", ros_events.run_start(), T0)
+        drive(b, T0, 1.0)
+    with pytest.raises(BagMappingError) as err:
+        read_bag(tmp_path / "no-params.mcap", mapping, application="cf")
+    assert _one_line(err).startswith("evaluator.field.bag.config: topic /parameter_events is not in no-params.mcap")

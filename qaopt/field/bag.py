@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from qaopt.app_spec.hashing import content_hash, file_hash
-from qaopt.app_spec.schema import BAG_SECTION, JSON_EVENTS, BagMapping
+from qaopt.app_spec.schema import BAG_SECTION, JSON_EVENTS, BagMapping, BagParameter
 
 from .errors import FieldError, ImportRowsError, MessageProblem
 from .records import NonNegative, RunRecord, check_json, describe
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from qaopt.app_spec import AppSpec
 
 STRING, BOOL, ODOMETRY = "std_msgs/msg/String", "std_msgs/msg/Bool", "nav_msgs/msg/Odometry"
+PARAMETER_EVENT = "rcl_interfaces/msg/ParameterEvent"
+PARAMETER_STRING = 4  # rcl_interfaces/msg/ParameterType.PARAMETER_STRING
 DEFAULT_FIELDS = {"position": "pose.pose.position", "velocity": "twist.twist.linear", "odometer": "data"}
 """The message field each distance source reads unless ``distance.field`` says otherwise."""
 
@@ -420,7 +422,8 @@ def _roles(mapping: BagMapping, summary, path: Path) -> dict[str, _Role]:
             continue
         kind = ("distance" if where == "distance.topic" else "config" if where == "config"
                 else "runs" if where == "runs.topic" else "event")
-        need = {"config": (STRING,), "runs": (STRING, BOOL)}.get(kind)
+        need = {"config": (PARAMETER_EVENT if isinstance(mapping.config, BagParameter) else STRING,),
+                "runs": (STRING, BOOL)}.get(kind)
         event_kind = mapping.events.get(topic) if kind == "event" else None
         if event_kind == JSON_EVENTS:
             need = (STRING,)
@@ -511,7 +514,7 @@ class _Builder:
             if role.kind == "event":
                 self._event(role, topic, t_ns, self._decode(role, data))
             elif role.kind == "config":
-                self._config(topic, t_ns, self._decode(role, data).data)
+                self._config_message(role, topic, t_ns, self._decode(role, data))
             else:
                 self._boundary(role, topic, t_ns, self._decode(role, data))
         except _BadMessage as exc:
@@ -612,7 +615,21 @@ class _Builder:
         run.events.append(event)
         run.last_ns = max(run.last_ns, t_ns)
 
-    def _config(self, topic: str, t_ns: int, text: str) -> None:
+    def _config_message(self, role: _Role, topic: str, t_ns: int, message: Any) -> None:
+        if role.datatype == STRING:
+            self._config(message.data)
+            return
+        wanted = self.mapping.config  # a node's parameter, among every node's parameter events
+        if message.node != wanted.node:
+            return
+        for parameter in [*message.new_parameters, *message.changed_parameters]:
+            if parameter.name == wanted.parameter:
+                if parameter.value.type != PARAMETER_STRING:
+                    raise _BadMessage(f"parameter {wanted.parameter} of {wanted.node} is of ROS parameter type "
+                                      f"{parameter.value.type}, not a string (4) holding a hash or JSON")
+                self._config(parameter.value.string_value)
+
+    def _config(self, text: str) -> None:
         config = (_json_message(ConfigMessage, text) if text.lstrip().startswith("{")
                   else ConfigMessage(hash=text.strip()))
         run = self.run

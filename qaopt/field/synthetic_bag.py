@@ -52,6 +52,17 @@ MSGDEFS: dict[str, str] = {
         ("sensor_msgs/RegionOfInterest",
          "uint32 x_offset\nuint32 y_offset\nuint32 height\nuint32 width\nbool do_rectify\n"),
     ),
+    "rcl_interfaces/msg/ParameterEvent": _with_dependencies(
+        "# This message contains a parameter event.\n"
+        "builtin_interfaces/Time stamp\nstring node\nParameter[] new_parameters\nParameter[] changed_parameters\n"
+        "Parameter[] deleted_parameters\n",
+        _TIME,
+        ("rcl_interfaces/Parameter", "string name\nParameterValue value\n"),
+        ("rcl_interfaces/ParameterValue",
+         "uint8 type\nbool bool_value\nint64 integer_value\nfloat64 double_value\nstring string_value\n"
+         "byte[] byte_array_value\nbool[] bool_array_value\nint64[] integer_array_value\n"
+         "float64[] double_array_value\nstring[] string_array_value\n"),
+    ),
     "std_msgs/msg/String": "string data\n",
     "std_msgs/msg/Bool": "bool data\n",
     "std_msgs/msg/Empty": "",
@@ -136,6 +147,16 @@ class SyntheticBag:
             "binning_x": 0, "binning_y": 0,
             "roi": {"x_offset": 0, "y_offset": 0, "height": 0, "width": 0, "do_rectify": False},
         }, t_ns)
+
+    def parameter(self, node: str, name: str, value: str, t_ns: int, *, changed: bool = False) -> None:
+        """A ``/parameter_events`` message: ``node``'s string parameter ``name`` declared (or ``changed``)."""
+        parameter = {"name": name, "value": {
+            "type": 4, "bool_value": False, "integer_value": 0, "double_value": 0.0, "string_value": value,
+            "byte_array_value": [], "bool_array_value": [], "integer_array_value": [], "double_array_value": [],
+            "string_array_value": []}}
+        self.write("/parameter_events", "rcl_interfaces/msg/ParameterEvent", {
+            "stamp": stamp(t_ns), "node": node, "new_parameters": [] if changed else [parameter],
+            "changed_parameters": [parameter] if changed else [], "deleted_parameters": []}, t_ns)
 
     def string(self, topic: str, text: str, t_ns: int) -> None:
         self.write(topic, "std_msgs/msg/String", {"data": text}, t_ns)

@@ -35,12 +35,13 @@ def on_path(s: float) -> tuple[float, float]:
     return ROW - (s - ROW - math.pi * r), 2 * r
 
 
-def drive(bag: SyntheticBag, start_ns: int, seconds: float, speed: float = 0.6, hz: int = 50) -> float:
-    """Odometry at ``hz`` along the path for ``seconds``; returns the simulated path length."""
+def drive(bag: SyntheticBag, start_ns: int, seconds: float, speed: float = 0.6, hz: int = 50,
+          from_m: float = 0.0) -> float:
+    """Odometry at ``hz`` along the path (from ``from_m`` on it) for ``seconds``; returns the simulated path length."""
     n = int(seconds * hz)
     for i in range(n + 1):
         t = i / hz
-        x, y = on_path(speed * t)
+        x, y = on_path(from_m + speed * t)
         bag.odometry(start_ns + round(t * S), x, y, 0.0, speed)
     return speed * n / hz
 
@@ -454,3 +455,29 @@ def test_the_configuration_from_a_node_parameter_on_parameter_events(tmp_path):
     with pytest.raises(BagMappingError) as err:
         read_bag(tmp_path / "no-params.mcap", mapping, application="cf")
     assert _one_line(err).startswith("evaluator.field.bag.config: topic /parameter_events is not in no-params.mcap")
+
+
+def test_a_bag_split_into_files_is_one_recording(tmp_path):
+    """`ros2 bag record --max-bag-duration`: a run that starts in one file and ends in the next."""
+    folder = tmp_path / "day"
+    folder.mkdir()
+    with SyntheticBag(folder / "day_0.mcap") as b:
+        b.channel("/qaopt/events", "std_msgs/msg/String")
+        b.metadata("qaopt", {"weather": "dry"})
+        b.json("/qaopt/config", {"hash": "3f2a9c"}, T0)
+        b.string("/qaopt/run", ros_events.run_start(), T0 + S)
+        first = drive(b, T0 + S, 30.0)
+    with SyntheticBag(folder / "day_1.mcap") as b:
+        b.channel("/qaopt/config", "std_msgs/msg/String")
+        b.channel("/qaopt/run", "std_msgs/msg/String")
+        second = drive(b, T0 + 31 * S + S // 50, 20.0, from_m=first + 0.6 / 50)
+        b.string("/qaopt/events", ros_events.event("collision"), T0 + 40 * S)
+        b.string("/qaopt/run", ros_events.run_end(), T0 + 52 * S)
+    store = Store(tmp_path / "f.db")
+    done = import_bag(store, folder, application="cf")
+    (run,) = store.runs()
+    assert run.status == "complete" and run.config.hash == "3f2a9c" and run.conditions.weather == "dry"
+    assert run.distance_m == pytest.approx(first + 0.6 / 50 + second, rel=0.01)
+    assert [e.kind for e in run.events] == ["collision"] and run.source == "bag:day"
+    assert done.reading.notes == []
+    assert import_bag(store, folder, application="cf").result.already_present == [run.id]

@@ -158,21 +158,9 @@ def import_(
                f"{len(result.already_present)} already present")
 
 
-def _bag_file(bag: Path) -> Path:
-    """``bag`` itself, or the one ``.mcap`` file of the folder ``ros2 bag record -o NAME`` writes."""
-    if not bag.is_dir():
-        return bag
-    files = sorted(bag.glob("*.mcap"))
-    if len(files) != 1:
-        raise FieldError(f"{bag}: a bag folder with {len(files)} .mcap file(s); give one file "
-                         "(import each file of a split bag on its own)" if files else
-                         f"{bag}: no .mcap file in this folder; record with `ros2 bag record -s mcap`")
-    return files[0]
-
-
 @app.command("import-bag")
 def import_bag(
-    bag: Path = typer.Argument(..., help="A ROS 2 bag: the .mcap file (or the folder) `ros2 bag record -s mcap` wrote."),
+    bag: Path = typer.Argument(..., help="A ROS 2 bag: the folder `ros2 bag record -s mcap` wrote (every split file), or one .mcap file."),
     store: Optional[str] = StoreOpt,
     spec: Optional[Path] = typer.Option(
         None, "--spec", help="Read the bag with the spec's evaluator.field.bag, for its app, into its store."),
@@ -187,7 +175,7 @@ def import_bag(
     """Import the runs of a ROS 2 bag (MCAP): the whole bag or nothing; bad messages are named with topic and time."""
     from qaopt.field import bag as bags
 
-    path = _bag_file(bag)
+    path = bag
     conditions = _pairs(condition, "--condition", False)
     options = dict(conditions=conditions, operator=operator, skip_bad=skip_bad)
     if spec is not None:

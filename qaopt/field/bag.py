@@ -21,8 +21,10 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import re
 import struct
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -156,32 +158,66 @@ class _Run:
 def read_bag(path: str | Path, mapping: BagMapping | None = None, *, application: str,
              conditions: dict[str, Any] | None = None, operator: str | None = None,
              skip_bad: bool = False) -> BagReading:
-    """The field runs recorded in the MCAP bag at ``path``, read through ``mapping``.
+    """The field runs recorded in the bag at ``path``, read through ``mapping``.
 
-    ``conditions`` and ``operator`` apply to every run (over the bag's metadata and its
-    start messages). Raises :class:`~qaopt.field.FieldError` for a bag that cannot be read
-    (cut short, not MCAP), :class:`BagMappingError` for a mapping that does not fit it, and
-    :class:`~qaopt.field.ImportRowsError` listing every bad message (``skip_bad`` leaves them
-    out instead, noting each in :attr:`BagReading.skipped` and in its run's notes).
+    ``path`` is an MCAP file or the folder ``ros2 bag record -o NAME`` writes; a bag split into
+    several files (``--max-bag-size``, ``--max-bag-duration``) is read as one recording, so a
+    run may span files. ``conditions`` and ``operator`` apply to every run (over the bag's
+    metadata and its start messages). Raises :class:`~qaopt.field.FieldError` for a bag that
+    cannot be read (cut short, not MCAP), :class:`BagMappingError` for a mapping that does not
+    fit it, and :class:`~qaopt.field.ImportRowsError` listing every bad message (``skip_bad``
+    leaves them out instead, noting each in :attr:`BagReading.skipped` and in its run's notes).
     """
     path = Path(path)
     mapping = mapping or BagMapping()
+    files = bag_files(path)
+    channels: dict[str, tuple[Any, Any]] = {}  # topic -> (channel, schema), from the first file holding it
+    meta: dict[str, Any] = {"conditions": {}, "operator": "", "notes": ""}
+    identity = []
+    for file in files:
+        with _opened(file) as (_, reader, summary):
+            for channel in summary.channels.values():
+                channels.setdefault(channel.topic, (channel, summary.schemas.get(channel.schema_id)))
+            found = _metadata(reader, mapping.metadata, file)
+            meta = {"conditions": {**meta["conditions"], **found["conditions"]},
+                    "operator": found["operator"] or meta["operator"], "notes": found["notes"] or meta["notes"]}
+            stats = summary.statistics
+            identity.append([stats.message_start_time, stats.message_end_time, stats.message_count]
+                            if stats is not None else file_hash(file))
+    roles = _roles(mapping, channels, path)
+    overrides = {"conditions": conditions or {}, "operator": operator}
+    builder = _Builder(path, mapping, application, meta, overrides,
+                       identity[0] if len(identity) == 1 else identity, skip_bad)
+    for file in files:
+        builder.path = file  # bad messages and notes name the file they are in
+        with _opened(file) as (stream, reader, summary):
+            for topic, log_time, data in _messages(stream, reader, summary, file, list(roles)):
+                builder.take(roles[topic], topic, log_time, data)
+    return builder.finish()
+
+
+def bag_files(path: Path) -> list[Path]:
+    """The MCAP files of a bag in recording order: the file itself, or those of a rosbag2 folder
+    (``NAME_0.mcap``, ``NAME_1.mcap``, ...)."""
+    if not path.is_dir():
+        return [path]
+    files = sorted(path.glob("*.mcap"), key=lambda f: (int(m.group(1)) if (m := re.search(r"_(\d+)$", f.stem))
+                                                        else -1, f.name))
+    if not files:
+        raise FieldError(f"{path}: no .mcap file in this folder; record with `ros2 bag record -s mcap`")
+    return files
+
+
+@contextmanager
+def _opened(file: Path) -> Iterator[tuple[Any, Any, Any]]:
+    """``(stream, reader, summary)`` of one MCAP file, closed afterwards."""
     try:
-        stream = open(path, "rb")
+        stream = open(file, "rb")
     except OSError as exc:
-        raise FieldError(f"cannot read bag {path}: {exc.strerror}") from None
+        raise FieldError(f"cannot read bag {file}: {exc.strerror}") from None
     with stream:
-        reader, summary = _open(stream, path)
-        roles = _roles(mapping, summary, path)
-        meta = _metadata(reader, mapping.metadata, path)
-        overrides = {"conditions": conditions or {}, "operator": operator}
-        stats = summary.statistics
-        identity = ([stats.message_start_time, stats.message_end_time, stats.message_count]
-                    if stats is not None else file_hash(path))
-        builder = _Builder(path, mapping, application, meta, overrides, identity, skip_bad)
-        for topic, log_time, data in _messages(stream, reader, summary, path, list(roles)):
-            builder.take(roles[topic], topic, log_time, data)
-        return builder.finish()
+        reader, summary = _open(stream, file)
+        yield stream, reader, summary
 
 
 def import_bag(store: Store, path: str | Path, mapping: BagMapping | None = None, *, application: str,
@@ -382,11 +418,10 @@ class _Role:
     event_kind: str | None = None
 
 
-def _roles(mapping: BagMapping, summary, path: Path) -> dict[str, _Role]:
+def _roles(mapping: BagMapping, channels: dict[str, tuple[Any, Any]], path: Path) -> dict[str, _Role]:
     """Each mapped topic's role and decoder, after checking the mapping against the bag's topics."""
     from mcap_ros2.decoder import DecoderFactory
 
-    channels = {c.topic: c for c in summary.channels.values()}
     problems: list[tuple[str, str]] = []
     used = mapping.topic_fields()
     names = {t for _, t in used}
@@ -405,8 +440,7 @@ def _roles(mapping: BagMapping, summary, path: Path) -> dict[str, _Role]:
     factory = DecoderFactory()
     roles: dict[str, _Role] = {}
     for where, topic in used:
-        channel = channels[topic]
-        schema = summary.schemas.get(channel.schema_id)
+        channel, schema = channels[topic]
         datatype = schema.name if schema is not None else "(no schema)"
         try:
             decode = factory.decoder_for(channel.message_encoding, schema)
@@ -483,7 +517,7 @@ class _Builder:
 
     def __init__(self, path: Path, mapping: BagMapping, application: str, meta: dict[str, Any],
                  overrides: dict[str, Any], identity: Any, skip_bad: bool):
-        self.path, self.mapping, self.application, self.meta = path, mapping, application, meta
+        self.bag, self.path, self.mapping, self.application, self.meta = path, path, mapping, application, meta
         self.overrides = overrides
         self.identity, self.skip_bad = identity, skip_bad
         self.source = mapping.distance.source
@@ -698,7 +732,7 @@ class _Builder:
                 problems.append(MessageProblem(str(self.path), run.topic, run.start_ns, describe(exc)))
         if problems:
             raise ImportRowsError(problems, unit="message", source="bag")
-        return BagReading(self.path, records, self.notes, self.skipped)
+        return BagReading(self.bag, records, self.notes, self.skipped)
 
     def _record(self, run: _Run) -> RunRecord:
         config = run.config or ConfigMessage()
@@ -717,5 +751,5 @@ class _Builder:
             "started_at": _time(run.start_ns),
             "ended_at": _time(run.ended_ns) if run.ended_ns is not None else None,
             "status": run.status, "distance_m": round(run.distance_m, 6), "end_message": run.end_message,
-            "source": f"bag:{self.path.name}", "events": run.events,
+            "source": f"bag:{self.bag.name}", "events": run.events,
         })

@@ -9,6 +9,7 @@ folder arrives through pydantic's validation context (see :func:`qaopt.app_spec.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -146,10 +147,143 @@ class SimulatorSource(Section):
         return data
 
 
+def _pattern(regex: str, what: str, example: str) -> Any:
+    """A string matching ``regex``; an error says it is not ``what`` and shows ``example``."""
+
+    def check(value: str) -> str:
+        if not re.fullmatch(regex, value):
+            raise ValueError(f"{value!r} is not {what}; write e.g. {example}")
+        return value
+
+    return Annotated[str, AfterValidator(check)]
+
+
+RosTopic = _pattern(r"/[A-Za-z0-9_/~]{0,254}[A-Za-z0-9_]", "a fully qualified ROS 2 topic", "/odom or /qaopt/events")
+"""A ROS 2 topic as a bag names it: ``/odom``, ``/qaopt/events``."""
+
+MessageField = _pattern(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", "a dotted path into a ROS 2 message",
+                        "pose.pose.position")
+"""A dotted path into a ROS 2 message: ``pose.pose.position``, ``data``."""
+
+EventKindName = _pattern(r"[a-z][a-z0-9_]*", "an event kind (lower case, digits and _)", "collision")
+
+TopicPrefix = _pattern(r"/.*", "a topic prefix", "/qos/")
+
+BAG_SECTION = "evaluator.field.bag"
+"""Where a spec holds its :class:`BagMapping`; errors about the mapping name its fields under it."""
+
+JSON_EVENTS = "json"
+"""An event topic whose ``std_msgs/String`` messages carry qaopt's JSON events (``{"event": "collision"}``)."""
+
+
+class BagDistance(Section):
+    """Which topic of a bag says how far the robot drove, and how to read it."""
+
+    topic: RosTopic = "/odom"
+    source: Literal["position", "velocity", "odometer"] = Field("position", description=(
+        "position: add up the distance between consecutive positions (x, y) of `field` (default "
+        "pose.pose.position, as in nav_msgs/msg/Odometry); velocity: integrate the speed |(x, y)| of `field` "
+        "(default twist.twist.linear) over time; odometer: `field` (default data, as in std_msgs/msg/Float64) "
+        "reads metres driven, and a run's distance is its last reading minus its first"))
+    field: MessageField | None = Field(None, description="the message field read (default: see source)")
+
+
+class BagRuns(Section):
+    """Where one run of a bag ends and the next begins: a start/stop topic, or a pause in the distance topic."""
+
+    topic: RosTopic | None = Field("/qaopt/run", description=(
+        "a std_msgs/String of JSON ({\"run\": \"start\", ...} / {\"run\": \"end\", ...}) or a std_msgs/Bool "
+        "(true: start, false: end)"))
+    gap_s: float | None = Field(None, gt=0, description=(
+        "instead of a topic: a silence of the distance topic longer than this many seconds ends a run"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gap_instead_of_topic(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("gap_s") is not None and "topic" not in data:
+            data = {**data, "topic": None}  # `runs: {gap_s: 10}` replaces the default topic
+        return data
+
+    @model_validator(mode="after")
+    def _one_way(self) -> BagRuns:
+        if (self.topic is None) == (self.gap_s is None):
+            raise ValueError("give runs.topic (a start/stop topic) or runs.gap_s (split on a pause of the "
+                             "distance topic), not both; set `runs: null` for one run per bag")
+        return self
+
+
+PARAMETER_EVENTS = "/parameter_events"
+"""Where ROS 2 publishes every node's parameter changes (``rcl_interfaces/msg/ParameterEvent``)."""
+
+
+class BagParameter(Section):
+    """A node's parameter that names the configuration, as recorded on ``/parameter_events``."""
+
+    node: RosTopic = Field(description="the node's fully qualified name, e.g. /cropfollow")
+    parameter: str = Field(min_length=1, description=(
+        "a string parameter holding the configuration's hash or its JSON, e.g. qaopt_config"))
+
+
+class BagMapping(Section):
+    """How ``qaopt field import-bag`` turns a ROS 2 bag (MCAP) into field runs (docs/field.md, "ROS 2 bags").
+
+    The defaults read qaopt's recording convention: odometry on ``/odom`` and ``std_msgs/String``
+    topics of JSON on ``/qaopt/run``, ``/qaopt/events`` and ``/qaopt/config``.
+    """
+
+    distance: BagDistance = Field(default_factory=BagDistance)
+    events: dict[RosTopic, EventKindName] = Field(
+        default_factory=lambda: {"/qaopt/events": JSON_EVENTS}, description=(
+            "topic -> event kind (collision, intervention, disengagement or one of your own): each message is one "
+            "event, a std_msgs/Bool one each time it turns true; 'json': std_msgs/String messages of JSON events "
+            "({\"event\": \"collision\", ...})"))
+    config: RosTopic | BagParameter | None = Field("/qaopt/config", description=(
+        "a latched std_msgs/String naming the configuration that ran: its hash, or JSON {\"hash\", \"knobs\", "
+        "\"nn_errors\", \"error_point\"}; or {node, parameter}: a node's string parameter holding the same, read "
+        "from /parameter_events (record that topic); the last one before a run starts is that run's"))
+    runs: BagRuns | None = Field(default_factory=BagRuns, description="null: the whole bag is one run")
+    metadata: str = Field("qaopt", min_length=1, description=(
+        "the MCAP metadata record whose keys are the bag's conditions (weather, field, ...), operator and notes"))
+    watch: list[TopicPrefix] = Field(default_factory=lambda: ["/qaopt/", "/qos/"], description=(
+        "topic prefixes of QoS events: a topic of the bag under one of them that the mapping does not read is an "
+        "error (an event that is never counted would make the field look better than it is)"))
+    ignore: list[RosTopic] = Field(default_factory=list, description="topics under `watch` to leave out on purpose")
+
+    @model_validator(mode="after")
+    def _each_topic_once(self) -> BagMapping:
+        uses = self.topic_fields()
+        seen: dict[str, str] = {}
+        for where, topic in uses:
+            if topic in seen:
+                raise ValueError(f"{BAG_SECTION}.{where}: topic {topic} is already read by {seen[topic]}; "
+                                 "give each topic one role")
+            seen[topic] = where
+        for i, topic in enumerate(self.ignore):
+            if topic in seen:
+                raise ValueError(f"{BAG_SECTION}.ignore.{i}: topic {topic} is read by {seen[topic]}; "
+                                 "remove it from ignore")
+        return self
+
+    def topic_fields(self) -> list[tuple[str, str]]:
+        """``(field path, topic)`` of every topic the mapping reads, for errors that name the field to fix."""
+        uses = [("distance.topic", self.distance.topic)]
+        uses += [(f"events.{topic}", topic) for topic in self.events]
+        if isinstance(self.config, BagParameter):
+            uses.append(("config", PARAMETER_EVENTS))
+        elif self.config is not None:
+            uses.append(("config", self.config))
+        if self.runs is not None and self.runs.topic is not None:
+            uses.append(("runs.topic", self.runs.topic))
+        return uses
+
+
 class FieldSource(Section):
     """Where field-trial runs are logged; they are evidence for calibration."""
 
     store: DatabaseURL
+    # How bags are read changes no computed result (the runs land in the store), so it keys no cache.
+    bag: BagMapping | None = Field(None, exclude=True, description=(
+        "how `qaopt field import-bag` reads a ROS 2 bag (default: qaopt's recording convention)"))
 
 
 class EvaluatorSpec(Section):

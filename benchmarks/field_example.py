@@ -5,9 +5,11 @@ The CropFollow simulator plays both parts. Calibration runs it as the simulator
 (narrower rows, curvier rows, faster driving, more wheel slip and terrain noise)
 and seeds from another family (1,000,000 on), so that it disagrees with the
 simulator the way a real field would. Field runs are logged through the robot-side
-API (``qaopt.field.Run``) and, for one robot, through a CSV import; then the
-``qaopt field`` commands summarize them, fold them into the region and plan the
-next trial. Every command's output below is real and printed as markdown.
+API (``qaopt.field.Run``), for a second robot through a CSV import, and for a third
+through the ROS 2 bag it recorded (``qaopt field import-bag``: several runs, odometry at
+50 Hz, bumper and operator events, one corrupt message); then the ``qaopt field``
+commands summarize them, fold them into the region and plan the next trial. Every
+command's output below is real and printed as markdown.
 
     .venv/bin/python benchmarks/field_example.py [WORKDIR]   # default runs/field-example
 """
@@ -15,7 +17,9 @@ next trial. Every command's output below is real and printed as markdown.
 from __future__ import annotations
 
 import csv
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -27,9 +31,10 @@ import yaml
 
 from qaopt.app_spec import load
 from qaopt.calibrate import ErrorRegion, Verdict
-from qaopt.field import Run, Store
+from qaopt.field import Run, Store, ros_events
 from qaopt.field.evidence import apply_evidence, certified_fraction, collect_evidence
 from qaopt.field.plan import plan
+from qaopt.field.synthetic_bag import SyntheticBag
 from qaopt.region_calibration import calibrate_spec
 from qaopt.simulators.cropfollow import CropFollowEvaluator
 from qaopt.region_calibration import error_models_of
@@ -43,6 +48,9 @@ HARDER_FIELD = {
 }
 FIELD_SEEDS = 1_000_000
 ROUNDS = 5
+BAG_CONFIG = {"hash": "prune-h30-d55", "knobs": {"heading": {"prune": 0.3}, "distance": {"prune": 0.55}},
+              "nn_errors": {"heading": 4.5, "distance": 0.12}}
+BAG_RUNS = 12
 
 
 def sh(workdir: Path, *args: str) -> str:
@@ -93,7 +101,9 @@ def main(workdir: Path) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     data = yaml.safe_load((REPO / "examples" / "cropfollow.yaml").read_text())
-    data["evaluator"]["field"] = {"store": "field.db"}
+    # The third robot's bag: bumper hits on /bumper (std_msgs/Bool), the rest in qaopt's convention.
+    data["evaluator"]["field"] = {"store": "field.db",
+                                  "bag": {"events": {"/qaopt/events": "json", "/bumper": "collision"}}}
     # The calibration docs/field.md was recorded with (before the example moved to the AR(1) model
     # and a narrower space): ApproxCaliper's white Gaussian errors over the wide space, the optimistic
     # simulator that field runs are there to correct.
@@ -147,10 +157,21 @@ def main(workdir: Path) -> None:
         bad[7] = bad[7].replace("2026-06-03", "2026-13-03", 1)
         (workdir / "robot2-typo.csv").write_text("\n".join(bad) + "\n")
 
+        bag_runs = record_bag(field, workdir / "robot3" / "robot3_0.mcap", test)
+
     print("## Importing the second robot's spreadsheet\n")
     sh(workdir, "field", "import", "robot2-typo.csv", "--spec", "cropfollow.yaml")
     sh(workdir, "field", "import", "robot2.csv", "--spec", "cropfollow.yaml")
     sh(workdir, "field", "import", "robot2.csv", "--spec", "cropfollow.yaml")
+
+    print("## Importing the third robot's ROS 2 bag\n")
+    print(f"`robot3/robot3_0.mcap`: {bag_runs['runs']} runs of configuration {BAG_CONFIG['hash']}, "
+          f"{bag_runs['messages']} messages ({bag_runs['odometry']} odometry at 50 Hz), "
+          f"{bag_runs['bytes'] / 1e6:.1f} MB; {bag_runs['collisions']} bumper hit(s), "
+          f"{bag_runs['interventions']} intervention(s); one odometry message corrupt.\n")
+    sh(workdir, "field", "import-bag", "robot3", "--spec", "cropfollow.yaml")
+    sh(workdir, "field", "import-bag", "robot3", "--spec", "cropfollow.yaml", "--skip-bad")
+    sh(workdir, "field", "import-bag", "robot3", "--spec", "cropfollow.yaml", "--skip-bad")
 
     print("## Summary\n")
     sh(workdir, "field", "summary", "--spec", "cropfollow.yaml")
@@ -160,6 +181,60 @@ def main(workdir: Path) -> None:
     print("## Plan after the field days\n")
     sh(workdir, "field", "plan", "cropfollow.yaml")
     print(f"Total wall time {time.perf_counter() - t0:.0f} s.")
+
+
+def record_bag(field: FieldStandIn, path: Path, acceptance) -> dict:
+    """The third robot's bag, as ``ros2 bag record -s mcap`` writes it: runs of one deployed
+    configuration driven by the stand-in (stopping once the verdict is decided), odometry at
+    50 Hz along each row, the bumper as a std_msgs/Bool, interventions, the configuration latched
+    at the start, the day's conditions as MCAP metadata, and one odometry message corrupted."""
+    rng = random.Random(3)
+    point = BAG_CONFIG["nn_errors"]
+    injectors = {nn: field.models[nn].injector({"metric": v}) for nn, v in point.items()}
+    speed, hz, ns = 0.7, 50, 1_000_000_000
+    t0 = round(datetime(2026, 6, 4, 8, 0, tzinfo=timezone.utc).timestamp()) * ns
+    held = {"runs": 0, "messages": 0, "odometry": 0, "collisions": 0, "interventions": 0}
+    path.parent.mkdir(parents=True)
+    passes = failures = 0
+    with SyntheticBag(path) as bag:
+        bag.metadata("qaopt", {"crop": "maize", "growth_stage": "V10", "weather": "dry", "field": "plot-C",
+                               "operator": "robot-3"})
+        bag.string("/qaopt/config", ros_events.config(**BAG_CONFIG), t0)
+        bag.channel("/bumper", "std_msgs/msg/Bool")
+        bag.channel("/qaopt/events", "std_msgs/msg/String")
+        for k in range(BAG_RUNS):
+            (rec,) = field.robot.evaluate(injectors, [field.next_seed])
+            field.next_seed += 1
+            start = t0 + (60 + 300 * k) * ns
+            n = int(rec["distance_m"] / speed * hz)
+            hits = sorted(rng.randrange(n) for _ in range(int(rec["collisions"])))
+            takeovers = sorted(rng.randrange(n) for _ in range(int(rec["interventions"])))
+            bag.string("/qaopt/run", ros_events.run_start(), start)
+            for i in range(n + 1):
+                t = start + i * ns // hz
+                s = speed * i / hz
+                y = 0.02 * math.sin(s / 7.0)  # the row wanders a little; odometry follows it
+                if k == 2 and i == n // 2:
+                    bag.raw("/odom", "nav_msgs/msg/Odometry", b"\x00\x01\x00\x00\x10\x00\x00", t)
+                else:
+                    bag.odometry(t, s, y, 0.0, speed)
+                held["odometry"] += 1
+                if i in hits:
+                    bag.write("/bumper", "std_msgs/msg/Bool", {"data": True}, t + 1_000_000)
+                    bag.write("/bumper", "std_msgs/msg/Bool", {"data": False}, t + 200_000_000)
+                if i in takeovers:
+                    bag.string("/qaopt/events", ros_events.event("intervention", reason="drifted"), t + 1_000_000)
+            bag.string("/qaopt/run", ros_events.run_end(), start + (n + 1) * ns // hz)
+            held["runs"] += 1
+            held["collisions"] += len(hits)
+            held["interventions"] += len(takeovers)
+            failures += rec["collisions"] > 0
+            passes += rec["collisions"] == 0
+            if acceptance.decide_fixed(failures, passes + failures) is not Verdict.UNDECIDED:
+                break
+    held["messages"] = held["odometry"] + 2 * held["collisions"] + held["interventions"] + 2 * held["runs"] + 1
+    held["bytes"] = path.stat().st_size
+    return held
 
 
 def fmt(point: dict[str, float]) -> str:

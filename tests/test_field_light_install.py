@@ -7,7 +7,7 @@ The fresh environment never sees this one's packages (no ``--system-site-package
 requirements-field.txt``. Offline, the same requirements are resolved against the
 distributions installed here and only those are placed in the fresh environment, so the
 test runs anywhere. Either way, torch, PyYAML, numpy and the rest must not be importable
-there, and a field session through ``qaopt-field`` and the API must work.
+there, and a field session through ``qaopt-field`` and the API must work, a ROS 2 bag included.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ HEAVY = ("torch", "tvm", "onnxruntime", "onnx", "numba", "numpy", "scipy", "yaml
 SPEC_MODULES = ("qaopt.app_spec.loader", "qaopt.app_spec.schema", "qaopt.spec", "qaopt.calibrate",
                 "qaopt.approx", "qaopt.kernels", "qaopt.simulators")
 ROBOT_MODULES = ("qaopt.field", "qaopt.field.summary", "qaopt.field.transfer", "qaopt.commands.field")
+LOADER_MODULES = tuple(m for m in SPEC_MODULES if m != "qaopt.app_spec.schema")
+"""What reading a bag must not load: its mapping is a section of the spec's schema (pydantic only), and
+the YAML loader, the spec checks and the optimizer's components stay out."""
+BAG_MODULES = ("qaopt.field.bag", "qaopt.field.ros_events", "qaopt.field.synthetic_bag")
 
 
 def _requirements() -> list[str]:
@@ -44,8 +48,23 @@ def test_importing_the_robot_side_loads_no_heavy_module_and_no_spec_loader():
         import json, sys
         for name in {ROBOT_MODULES!r}:
             __import__(name)
+        print(json.dumps(sorted(m for m in sys.modules  # the bag reader loads when a bag is imported
+                                if m.split(".")[0] in {HEAVY + ("mcap", "mcap_ros2")!r}
+                                or m.startswith({SPEC_MODULES!r}))))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == []
+
+
+def test_reading_bags_loads_no_heavy_module_and_no_spec_loader():
+    script = textwrap.dedent(f"""
+        import json, sys
+        for name in {BAG_MODULES!r}:
+            __import__(name)
+        import mcap.reader, mcap_ros2.decoder, mcap_ros2.writer
         print(json.dumps(sorted(m for m in sys.modules
-                                if m.split(".")[0] in {HEAVY!r} or m.startswith({SPEC_MODULES!r}))))
+                                if m.split(".")[0] in {HEAVY!r} or m.startswith({LOADER_MODULES!r}))))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -56,7 +75,8 @@ def test_requirements_file_lists_pyproject_requirements_only():
     """One source of truth for versions: every line is a dependency of pyproject.toml, verbatim."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert set(_requirements()) <= set(project["dependencies"])
-    assert {canonicalize_name(Requirement(r).name) for r in _requirements()} == {"pydantic", "sqlalchemy", "typer", "rich"}
+    assert {canonicalize_name(Requirement(r).name) for r in _requirements()} == {
+        "pydantic", "sqlalchemy", "typer", "rich", "mcap", "mcap-ros2-support"}
     assert project["scripts"]["qaopt-field"] == "qaopt.commands.field:main"
 
 
@@ -147,5 +167,33 @@ def test_a_field_session_runs_in_a_fresh_venv_with_only_the_light_set(tmp_path):
     leaked = run(str(py), "-c", textwrap.dedent(f"""
         import sys, qaopt.commands.field, qaopt.field.summary, qaopt.field.transfer
         print(sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r} or m.startswith({SPEC_MODULES!r})))
+    """))
+    assert leaked.strip() == "[]"
+    # A ROS 2 bag, written there as rosbag2 writes one (two runs, odometry, a collision), then imported.
+    bag = str(tmp_path / "day.mcap")
+    run(str(py), "-c", textwrap.dedent(f"""
+        from qaopt.field import ros_events
+        from qaopt.field.synthetic_bag import SyntheticBag
+        t0 = 1_780_000_000 * 10**9
+        with SyntheticBag({bag!r}) as bag:
+            bag.string("/qaopt/config", ros_events.config("3f2a9c", nn_errors={{"heading": 4.1}}), t0)
+            for k in range(2):
+                start = t0 + (1 + 100 * k) * 10**9
+                bag.string("/qaopt/run", ros_events.run_start({{"weather": "dry"}}), start)
+                for i in range(50 * 40 + 1):  # 40 s at 50 Hz and 0.5 m/s: 20 m
+                    bag.odometry(start + i * 20_000_000, 0.01 * i, 0.0, 0.0, 0.5)
+                bag.string("/qaopt/events", ros_events.event("collision"), start + 10**10)
+                bag.string("/qaopt/run", ros_events.run_end(), start + 41 * 10**9)
+    """))
+    imported = run(str(bindir / "qaopt-field"), "import-bag", bag, "--store", db, "--app", "bagged")
+    assert imported.strip().endswith("day.mcap: 2 run(s) imported, 0 already present"), imported
+    again = run(str(bindir / "qaopt-field"), "import-bag", bag, "--store", db, "--app", "bagged")
+    assert again.strip().endswith("0 run(s) imported, 2 already present"), again
+    summary = run(str(bindir / "qaopt-field"), "summary", "--store", db, "--app", "bagged")
+    row = next(line for line in summary.splitlines() if "│ bagged" in line)
+    assert "3f2a9c" in row and "40.0" in row and "│          2 │" in row, summary
+    leaked = run(str(py), "-c", textwrap.dedent(f"""
+        import sys, qaopt.field.bag, qaopt.commands.field
+        print(sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r} or m.startswith({LOADER_MODULES!r})))
     """))
     assert leaked.strip() == "[]"

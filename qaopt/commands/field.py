@@ -158,6 +158,62 @@ def import_(
                f"{len(result.already_present)} already present")
 
 
+@app.command("import-bag")
+def import_bag(
+    bag: Path = typer.Argument(..., help="A ROS 2 bag: the folder `ros2 bag record -s mcap` wrote (every split file), or one .mcap file."),
+    store: Optional[str] = StoreOpt,
+    spec: Optional[Path] = typer.Option(
+        None, "--spec", help="Read the bag with the spec's evaluator.field.bag, for its app, into its store."),
+    application: Optional[str] = typer.Option(None, "--app", help="Application name (default: the spec's)."),
+    mapping: Optional[Path] = typer.Option(
+        None, "--mapping", help="A JSON file holding an evaluator.field.bag section (the robot's light install)."),
+    condition: list[str] = typer.Option([], "--condition", help="weather=dry, field=plot-A, ... for every run (repeat)."),
+    operator: Optional[str] = typer.Option(None, "--operator", help="Who drove (over the bag's own)."),
+    skip_bad: bool = typer.Option(
+        False, "--skip-bad", help="Leave bad messages out (each named, and noted in its run) instead of importing nothing."),
+) -> None:
+    """Import the runs of a ROS 2 bag (MCAP): the whole bag or nothing; bad messages are named with topic and time."""
+    from qaopt.field import bag as bags
+
+    path = bag
+    conditions = _pairs(condition, "--condition", False)
+    options = dict(conditions=conditions, operator=operator, skip_bad=skip_bad)
+    if spec is not None:
+        if mapping is not None:
+            raise FieldError("import-bag: --mapping replaces a spec's evaluator.field.bag; give --spec or --mapping")
+        done = bags.import_spec_bag(spec, path, store=store, application=application, **options)
+    else:
+        if application is None:
+            raise FieldError("import-bag: name the application with --app NAME (or give --spec SPEC)")
+        with open_store(store, None) as st:
+            try:
+                done = bags.import_bag(st, path, bags.load_mapping(mapping) if mapping else None,
+                                       application=application, **options)
+            except bags.BagMappingError as exc:  # named in the mapping file, when there is one
+                if mapping is None:
+                    raise
+                raise FieldError("\n".join(f"{mapping}: {where}: {message}"
+                                           for where, message in exc.problems)) from None
+    for note in done.reading.notes:
+        typer.echo(f"note: {note}", err=True)
+    for problem in done.reading.skipped:
+        typer.echo(f"warning: left out: {problem}", err=True)
+    added = set(done.result.added)
+    table = Table(title=f"{path.name}: {len(done.reading.runs)} run(s)")
+    for col in ("run", "started", "min", "status", "config", "distance m", "collisions", "interventions",
+                "other events", ""):
+        table.add_column(col)
+    for r in done.reading.runs:
+        minutes = "-" if r.ended_at is None else f"{(r.ended_at - r.started_at).total_seconds() / 60:.1f}"
+        others = len(r.events) - r.count(COLLISION) - r.count(INTERVENTION)
+        table.add_row(r.id, f"{r.started_at:%Y-%m-%d %H:%M:%S}", minutes, r.status, r.config.hash,
+                      f"{r.distance_m:.1f}", str(r.count(COLLISION)), str(r.count(INTERVENTION)), str(others),
+                      "new" if r.id in added else "already present")
+    Console(width=200).print(table)
+    typer.echo(f"{path}: {len(done.result.added)} run(s) imported, "
+               f"{len(done.result.already_present)} already present")
+
+
 @app.command("export")
 def export(
     store: Optional[str] = StoreOpt,

@@ -10,14 +10,21 @@ torch or TVM) so that it runs on the robot's own computer::
         run.event("collision", distance_m=12.4)
 
 Summaries, import/export and calibration evidence live in submodules that the CLI
-(``qaopt field ...``) imports when it needs them.
+(``qaopt field ...``) imports when it needs them. Reading ROS 2 bags (``import_bag``,
+``import_spec_bag``, ``read_bag``, :mod:`qaopt.field.bag`) loads on first use, with the MCAP
+reader, so that logging never pays for it.
 """
+
+from typing import TYPE_CHECKING
+
+from qaopt.app_spec.lazy import lazy_exports
 
 from .errors import (
     FieldDataWarning,
     FieldError,
     FieldValueError,
     ImportRowsError,
+    MessageProblem,
     RowProblem,
     StoreVersionError,
 )
@@ -36,6 +43,18 @@ from .records import (
 from .run import Run
 from .store import Store
 
+_LAZY = {
+    "BagMappingError": ".bag",
+    "import_bag": ".bag",
+    "import_spec_bag": ".bag",
+    "read_bag": ".bag",
+}
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from .bag import BagMappingError, import_bag, import_spec_bag, read_bag
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
 __all__ = [
     "COLLISION",
     "EXCLUDED",
@@ -43,6 +62,7 @@ __all__ = [
     "NOTE",
     "PROGRESS",
     "Attachment",
+    "BagMappingError",
     "Conditions",
     "Configuration",
     "Event",
@@ -50,9 +70,13 @@ __all__ = [
     "FieldError",
     "FieldValueError",
     "ImportRowsError",
+    "MessageProblem",
     "RowProblem",
     "Run",
     "RunRecord",
     "Store",
     "StoreVersionError",
+    "import_bag",
+    "import_spec_bag",
+    "read_bag",
 ]

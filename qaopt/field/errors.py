@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from qaopt.app_spec.errors import QaoptError
 
@@ -37,10 +38,27 @@ class RowProblem:
         return where + (f"{self.field}: {self.message}" if self.field else self.message)
 
 
-class ImportRowsError(FieldError):
-    """An import file with bad records; nothing of the file was imported."""
+@dataclass(frozen=True)
+class MessageProblem:
+    """One bad message of a bag: ``file: topic @ time: message`` (the time as the bag logged it, UTC)."""
 
-    def __init__(self, problems: list[RowProblem]):
+    file: str
+    topic: str
+    log_time_ns: int
+    message: str
+
+    def __str__(self) -> str:
+        at = datetime.fromtimestamp(self.log_time_ns // 1_000_000_000, timezone.utc)
+        stamp = f"{at:%Y-%m-%dT%H:%M:%S}.{self.log_time_ns % 1_000_000_000:09d}Z"
+        return f"{self.file}: {self.topic} @ {stamp}: {self.message}"
+
+
+class ImportRowsError(FieldError):
+    """An import file (or bag) with bad records; nothing of it was imported."""
+
+    def __init__(self, problems: list[RowProblem | MessageProblem], *, unit: str = "record",
+                 source: str = "file"):
         self.problems = list(problems)
-        head = f"nothing imported: {len(self.problems)} bad record(s); fix them and import the file again"
+        head = (f"nothing imported: {len(self.problems)} bad {unit}(s); fix them and import the "
+                f"{source} again")
         super().__init__("\n".join([head, *(str(p) for p in self.problems)]))

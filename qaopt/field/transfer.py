@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from qaopt.app_spec.hashing import content_hash
 
-from .errors import FieldError, ImportRowsError, RowProblem
+from .errors import FieldError, ImportRowsError, MessageProblem, RowProblem
 from .records import COLLISION, INTERVENTION, RunRecord
 from .store import Store
 
@@ -114,23 +114,36 @@ def read_records(path: str | Path, fmt: str | None = None) -> list[Located]:
 def import_file(store: Store, path: str | Path, fmt: str | None = None) -> ImportResult:
     """Import a file into ``store``: all of its new runs, or nothing."""
     located = read_records(path, fmt)
-    existing = {r.id: r for r in store.runs(ids=[loc.record.id for loc in located], include_excluded=True)}
+    return add_new(store, [loc.record for loc in located],
+                   lambda i, message: RowProblem(str(path), located[i].line, "id", message))
+
+
+def add_new(store: Store, records: Sequence[RunRecord],
+            problem_at: Callable[[int, str], RowProblem | MessageProblem], *,
+            unit: str = "record", source: str = "file") -> ImportResult:
+    """Write the validated ``records`` that ``store`` lacks, in one transaction, or nothing.
+
+    Every importer (a file, a bag) ends here, so re-importing is harmless the same way for
+    all: a run already stored with the same content is skipped; one stored under the same id
+    with other content is refused (records are append-only), reported at
+    ``problem_at(index of the record, message)``, and nothing is written.
+    """
+    existing = {r.id: r for r in store.runs(ids=[r.id for r in records], include_excluded=True)}
     result = ImportResult()
     problems = []
     new = []
-    for loc in located:
-        old = existing.get(loc.record.id)
+    for i, rec in enumerate(records):
+        old = existing.get(rec.id)
         if old is None:
-            new.append(loc.record)
-        elif _content(old) == _content(loc.record):
-            result.already_present.append(loc.record.id)
+            new.append(rec)
+        elif _content(old) == _content(rec):
+            result.already_present.append(rec.id)
         else:
-            problems.append(RowProblem(str(path), loc.line, "id",
-                                       f"run {loc.record.id} is already in {store.display_url} "
-                                       "with other content; records are append-only: give the "
-                                       "corrected run a new id"))
+            problems.append(problem_at(i, f"run {rec.id} is already in {store.display_url} "
+                                          "with other content; records are append-only: give the "
+                                          "corrected run a new id"))
     if problems:
-        raise ImportRowsError(problems)
+        raise ImportRowsError(problems, unit=unit, source=source)
     store.add_records(new)
     result.added = [r.id for r in new]
     return result

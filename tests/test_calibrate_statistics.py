@@ -128,14 +128,17 @@ def test_axes_starting_above_the_reference_error_are_a_clear_error(tmp_path, mon
     from types import SimpleNamespace
 
     from qaopt.calibrate import ErrorRegion
-    from qaopt.optimizer import OptimizeError, _reference
+    from qaopt.search import OptimizeError
+    from qaopt.stages.reference import reference_configuration
+    from qaopt.stages.region import CalibratedRegion, ClosedLoopEvidence, RegionChoice
 
     region = ErrorRegion(ErrorSpace([Axis("a", 1.0, min=0.2), Axis("b", 1.0)]), TEST)
-    ctx = SimpleNamespace(region=region, reference="ref", spec=SimpleNamespace(source="app.yaml"),
-                          errors_of=lambda config: {"a": 0.05, "b": 0.1})
+    plan = SimpleNamespace(source="app.yaml", run_dir=tmp_path)
+    ctx = SimpleNamespace(plan=plan, reference="ref", errors_of=lambda config: {"a": 0.05, "b": 0.1})
+    calibrated = CalibratedRegion(RegionChoice(region, tmp_path / "region.json", ""), ClosedLoopEvidence(), "app")
     with pytest.raises(OptimizeError, match=r"calibration.space.0 \(a\) starts at min = 0.2, above the reference NN's "
                                             r"error 0.05.*Set its min to at most 0.05"):
-        _reference(ctx, region, tmp_path)
+        reference_configuration(ctx, calibrated)
 
 
 def test_a_spec_run_budget_below_the_first_look_is_named_at_its_line(spec_file):

@@ -39,16 +39,14 @@ CHILD = textwrap.dedent("""
 
     if os.environ["INTERRUPT_AT"] == "aware trial 1":
         import qaopt.search as search
-        init = search.Objective.__init__
+        say = search.Objective._say
 
-        def patched(self, ctx, mode, on_trial=lambda message: None):
-            def hook(message):
-                on_trial(message)
-                if message.startswith("aware trial 1:"):  # the knobs and schedule are sampled
-                    interrupt()
-            init(self, ctx, mode, hook)
+        def patched(self, trial, phase, detail=""):
+            say(self, trial, phase, detail)
+            if self.mode == "aware" and trial.number == 1 and phase == "building":  # its knobs are sampled
+                interrupt()
 
-        search.Objective.__init__ = patched
+        search.Objective._say = patched
     else:
         import qaopt.region_calibration as calibration
         calibration.calibrate_spec = lambda *args, **kwargs: interrupt()

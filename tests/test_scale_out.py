@@ -194,8 +194,8 @@ def test_validation_tops_up_its_workers_while_the_oldest_block_is_still_running(
     spec, app = _validation_spec(), _HeldFirstRun(held=100, waits_for=116)
     torch_threads = _torch_threads()
     with ThreadPoolExecutor(9) as ex:
-        v = validate_closed_loop(app, {"a": len, "b": len}, spec, 24, trial=1, region_predicted_valid=True,
-                                 seed_base=100, executor=ex)
+        v = validate_closed_loop(app, {"a": len, "b": len}, goal_of(spec), acceptance_of(spec), 24, trial=1,
+                                 region_predicted_valid=True, seed_base=100, executor=ex)
     _torch_threads(torch_threads)
     assert app.waited is True
     assert v.runs == 24 and v.failures == 0

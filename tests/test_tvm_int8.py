@@ -55,8 +55,15 @@ def test_a_convolution_it_does_not_recognize_stays_float_and_correct(tmp_path):
     path = _quantized(tmp_path, depthwise)
     assert prepare(path, [X], Target(threads=1)).integer_convolutions == 0
     tvm = kernels.compile(path, [X], Target(threads=1, backend="tvm")).run(X)[0]
-    ort = kernels.compile(path, [X], Target(threads=1, backend="onnxruntime")).run(X)[0]
-    np.testing.assert_allclose(tvm, ort, atol=np.abs(ort).max() / 50)
+    # The reference is the QDQ graph as written, each node on its own (no fusion into integer kernels): ONNX
+    # Runtime's fused int8 kernels differ by ~8 % on a CPU without VNNI (AVX2's 16-bit saturating multiply-add).
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    exact = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(
+        None, {kernels.INPUT_NAME: X})[0]
+    np.testing.assert_allclose(tvm, exact, atol=np.abs(exact).max() / 50)
 
 
 def test_float_models_are_not_touched(tmp_path):

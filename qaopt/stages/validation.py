@@ -15,8 +15,9 @@ The in-search closed-loop checks (:mod:`qaopt.stages.checks`) run configurations
 The runs of a configuration go through the run's executor (:mod:`qaopt.executor`):
 its NNs are shipped to the workers by value (:class:`~qaopt.executor.ShippedNN`) and
 each worker builds the application from the spec; the verdict is the same for any
-number of workers. A :class:`~qaopt.stages.StageBar` shows the runs done of those
-planned and the verdict so far.
+number of workers. After each block a :class:`~qaopt.events.RunBlock` event says the runs
+done of those planned and the verdict so far; each finished block is kept on disk
+(:class:`~qaopt.closed_loop.ValidationBlocks`), so a killed validation resumes after it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +164,9 @@ class RunPlan:
     def study_name(self, mode: str) -> str:
         return f"{self.app}-{self.spec_hash}-{mode}"
 
-    @cached_property
+    @property
     def threads(self) -> int:
+        """The threads the target runs on (the in-process closed-loop runs render with as many)."""
         return self.target.threads or 1
 
 

@@ -71,7 +71,7 @@ def optimize(
         raise OptimizeError("--calibration-budget sets the budget of a new calibration; with --region nothing is "
                             "calibrated: give one of them")
     spec = check_spec(spec) if isinstance(spec, AppSpec) else load_spec(spec, check_entry_points=True)
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, log_path=False)  # where a line was logged means nothing to a user
     plan = build_plan(spec, profile, out=out, storage=storage, trials=trials, region=region,
                       calibration_budget=calibration_budget, say=console.log)
     plan.run_dir.mkdir(parents=True, exist_ok=True)

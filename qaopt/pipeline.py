@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol
 
 from optuna.storages import BaseStorage
 
@@ -48,7 +48,6 @@ class StageRun:
         return self.events.for_stage(stage)
 
 
-@runtime_checkable
 class Stage(Protocol):
     """One step of a run with one artifact (see the module docstring)."""
 

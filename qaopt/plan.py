@@ -119,9 +119,6 @@ class BoundApplication:
 
         return target_nns(self._spec, cache_dir)
 
-    def nn_names(self) -> list[str]:
-        return list(self._spec.nns)
-
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -151,10 +148,6 @@ class RunPlan:
     @property
     def source(self) -> Path | None:
         return self.application.source
-
-    @property
-    def nn_names(self) -> list[str]:
-        return list(self.knob_spaces)
 
     @property
     def backend_name(self) -> str | None:

@@ -98,13 +98,10 @@ def import_once(bag: Path, tmp: Path, i: int) -> dict:
 
 
 def machine() -> dict:
-    model = ""
-    try:
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpu": model or platform.processor(), "cores": os.cpu_count(), "python": platform.python_version()}
+    """The CPU's model and vector ISA (AVX2-only and AVX-512 machines differ), cores and Python."""
+    from qaopt.kernels.target import host_cpu_info
+
+    return {**host_cpu_info().to_dict(), "cores": os.cpu_count(), "python": platform.python_version()}
 
 
 def main() -> None:

@@ -398,6 +398,9 @@ class NNSpec(Section):
     outputs: list[NNOutput] = Field(min_length=1, max_length=1024)
     error_metric: ErrorMetric
     data: DataSpec
+    input: Name | None = Field(None, description=(
+        "the input stream the NN reads (a camera, a lidar): NNs that name the same input read the same frame, "
+        "and may share one backbone (search.merge)"))
 
     @model_validator(mode="after")
     def _metric_names_an_output(self) -> NNSpec:
@@ -587,6 +590,15 @@ class ClosedLoopChecksSpec(Section):
         "checked yet, nearest the region's boundary first; each costs qos.acceptance.min_trials closed-loop runs"))
 
 
+class MergeSpec(Section):
+    """One group of NNs the search may merge into one backbone with a head per NN (or keep apart)."""
+
+    nns: list[Name] = Field(min_length=2, max_length=16, description=(
+        "NNs that read the same input (nns.<name>.input): merged, the largest one's backbone serves them all"))
+    finetune_steps: Count(1_000_000, "steps", "distilling that long would take days") = Field(300, description=(
+        "distillation steps that teach the merged NN every member's outputs, once per group, before any other knob"))
+
+
 class SearchSpec(Section):
     trials: Count(100_000, "trials", "each builds, fine-tunes and measures a candidate NN") = 40
     objectives: list[Literal["latency", "memory"]] = Field(default_factory=lambda: ["latency", "memory"], min_length=1)
@@ -594,6 +606,9 @@ class SearchSpec(Section):
     seed: int = Field(0, ge=0, lt=2**32, description="seeds Optuna's sampler: 0 <= seed < 2**32")
     closed_loop: ClosedLoopChecksSpec = Field(default_factory=ClosedLoopChecksSpec, description=(
         "closed-loop checks with the real NNs during the search, correcting the region as it goes"))
+    merge: list[MergeSpec] = Field(default_factory=list, description=(
+        "groups of NNs that read the same input; each trial searches each group merged (one shared backbone, "
+        "one head per NN) or apart"))
 
 
 class OutputSpec(Section):
@@ -651,11 +666,36 @@ class AppSpec(Section):
                     f"error metric {kind!r} is a rate of misses or false alarms (its per-frame errors are confusion "
                     f"codes, which have no bias or sigma); use component: metric (the {kind}), or leave it out"
                 )
+        self._check_merge_groups()
         runs, first = self.calibration.runs, self.qos.acceptance.min_trials
         if runs is not None and runs < first:
             raise ValueError(f"calibration.runs: {runs} simulator runs cannot judge even the reference point, which "
                              f"needs qos.acceptance.min_trials = {first}; raise calibration.runs or leave it out")
         return self
+
+    def _check_merge_groups(self) -> None:
+        grouped: dict[str, int] = {}
+        for i, group in enumerate(self.search.merge):
+            for j, name in enumerate(group.nns):
+                if name not in self.nns:
+                    raise ValueError(f"search.merge.{i}.nns.{j}: no NN named {name!r}; the spec's NNs are {sorted(self.nns)}")
+                if name in grouped:
+                    raise ValueError(f"search.merge.{i}.nns.{j}: NN {name!r} is already in merge group {grouped[name]}; "
+                                     "an NN can be merged with one group only")
+                grouped[name] = i
+            inputs = {name: self.nns[name].input for name in group.nns}
+            undeclared = [name for name, source in inputs.items() if source is None]
+            if undeclared:
+                raise ValueError(f"search.merge.{i}.nns: {', '.join(undeclared)} declare no input; NNs are merged only "
+                                 f"when they read the same input: give each nns.<name>.input the same name (e.g. camera)")
+            if len(set(inputs.values())) > 1:
+                reads = ", ".join(f"{name} reads {source!r}" for name, source in inputs.items())
+                raise ValueError(f"search.merge.{i}.nns: these NNs read different inputs ({reads}); only NNs that read "
+                                 "the same input can share a backbone")
+            shapes = {name: tuple(self.nns[name].input_shape) for name in group.nns}
+            if len(set(shapes.values())) > 1:
+                raise ValueError(f"search.merge.{i}.nns: these NNs take inputs of different shapes ({shapes}); NNs that "
+                                 "read the same input take the same input_shape")
 
     def knobs_for(self, nn: str) -> PassSections:
         """The approximations searched for ``nn``: its own section, else ``all``, else none."""

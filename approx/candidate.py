@@ -33,7 +33,9 @@ class Candidate:
     takes, which a knob may change (a lower input resolution), so measuring and exporting
     read it here, never from the spec. ``serves`` names the spec's NNs whose outputs it
     computes: the NN itself, or several when one module replaces them (a shared backbone);
-    a frame runs such a module once for all of them.
+    a frame runs such a module once for all of them. Such a candidate's module outputs every
+    served NN's columns; ``columns`` are this NN's (``None``: all of them), and :meth:`predict`
+    returns only those.
     """
 
     nn: str
@@ -52,6 +54,7 @@ class Candidate:
     input_shape: tuple[int, ...] = ()
     serves: tuple[str, ...] = ()
     onnx: OnnxToolchain | None = None
+    columns: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.serves:
@@ -86,7 +89,6 @@ class Candidate:
         return self.onnx.ort_session(self.onnx_path)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """The candidate's outputs for a batch of inputs, computed in its own dtype."""
-        if self.onnx_path is not None:
-            return predict_onnx(self._session, x)
-        return predict_torch(self.module, x)
+        """The candidate's outputs (this NN's columns) for a batch of inputs, computed in its own dtype."""
+        out = predict_onnx(self._session, x) if self.onnx_path is not None else predict_torch(self.module, x)
+        return out if self.columns is None else out[:, list(self.columns)]

@@ -74,6 +74,9 @@ class Distiller:
         self.labels = torch.from_numpy(np.asarray(labels, dtype=np.float32))
         self._teacher_outputs = teacher
         self.delta = max(float(self.labels.std()) * recipe.huber_scale, 1e-6)
+        # Outputs in different units (a merged NN's heads: degrees beside a ratio) are each put on the scale of
+        # their own spread, so that no output's unit decides what the student learns.
+        self.column_scale = (self.labels.std(dim=0).clamp_min(1e-6) if self.labels.shape[1] > 1 else None)
         self.rng = np.random.default_rng(seed)
 
     @cached_property
@@ -89,8 +92,11 @@ class Distiller:
         device = next(student.parameters()).device
         x, labels, teacher = (t.to(device) for t in batch)
         out = student(x)
-        w = self.recipe.distill_weight
-        return w * F.huber_loss(out, teacher, delta=self.delta) + (1 - w) * F.huber_loss(out, labels, delta=self.delta)
+        w, delta = self.recipe.distill_weight, self.delta
+        if self.column_scale is not None:
+            scale = self.column_scale.to(device)
+            out, teacher, labels, delta = out / scale, teacher / scale, labels / scale, self.recipe.huber_scale
+        return w * F.huber_loss(out, teacher, delta=delta) + (1 - w) * F.huber_loss(out, labels, delta=delta)
 
     def run(self, student: nn.Module, steps: int) -> None:
         """Train ``student`` for one phase of ``steps`` optimizer steps (on the device; it ends on the CPU)."""

@@ -45,16 +45,43 @@ def quantize_int8(
             raise ApproxError(nn_name, "dtype", f"int8 needs an ONNX export of the model, which failed: {exc}") from exc
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(fp32), str(prepared))
+        with torch.no_grad():
+            columns = int(np.prod(model(example).shape[1:]))
         quantize_static(
-            str(prepared),
-            str(path),
-            CalibrationBatches(calibration, batch=8),
+            model_input=str(prepared),
+            model_output=str(path),
+            calibration_data_reader=CalibrationBatches(calibration, batch=8),
             quant_format=QuantFormat.QDQ,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             per_channel=True,
+            nodes_to_exclude=output_tail(prepared) if columns > 1 else [],
         )
     return path
+
+
+ELEMENTWISE = {"Mul", "Add", "Sub", "Div"}
+
+
+def output_tail(path: Path) -> list[str]:
+    """The element-wise nodes between the graph's last layer and its output, left in float.
+
+    Static quantization gives a tensor one scale; an output whose columns are in different units (the heads of
+    a merged NN: degrees beside a ratio) would lose the small ones to the large ones' step. The last layer's
+    own output stays quantized: its columns share one spread until the tail maps each to its unit.
+    """
+    import onnx as onnx_proto
+
+    graph = onnx_proto.load(str(path)).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    tail, frontier = [], [o.name for o in graph.output]
+    while frontier:
+        node = producer.get(frontier.pop())
+        if node is None or node.op_type not in ELEMENTWISE:
+            continue
+        tail.append(node.name)
+        frontier += list(node.input)
+    return tail
 
 
 def cast(model: nn.Module, torch_dtype: str | None) -> nn.Module:

@@ -55,6 +55,8 @@ class NNChoice(_Model):
         default_factory=dict, description="every backend's median latency (ms), or why it could not run"
     )
     latency: Latency | None = Field(None, description="latency_ms's interval and trust; None before result version 5")
+    serves: list[str] = Field(default_factory=list, description=(
+        "the NNs the candidate serves when it is merged (one backbone, a head per NN); empty: this NN alone"))
 
 
 class Configuration(_Model):

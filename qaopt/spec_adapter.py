@@ -112,6 +112,7 @@ def check_nn_shapes(spec: AppSpec) -> None:
         try:
             target = TargetNN.from_spec(name, nn)  # checks the data's shapes against input_shape
             _check_sample(target, nn.input_shape, len(nn.outputs))
+            problems += _pass_problems(spec, name, target)
         except _ShapeError as exc:
             problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": str(exc)}])
         except QaoptError as exc:  # a message that starts with its field (nns.a.weights: ...) is placed there
@@ -122,6 +123,18 @@ def check_nn_shapes(spec: AppSpec) -> None:
                                                                    f"{type(exc).__name__}: {exc}"}])
     if problems:
         raise SpecError(problems)
+
+
+def _pass_problems(spec: AppSpec, name: str, target) -> list:
+    """What a pass's section asks of NN ``name`` that its model cannot take, at the section's line (all or the NN's)."""
+    from qaopt.approx import KnobSpace, get_pass
+
+    key = name if name in spec.approximations else "all"
+    errors = []
+    for pass_name, config in KnobSpace.from_section(spec.knobs_for(name), nn=name).configs.items():
+        errors += [{"loc": ("approximations", key, pass_name, *loc), "msg": f"nns.{name}: {message}"}
+                   for loc, message in get_pass(pass_name).model_problems(config, target)]
+    return located(spec, errors)
 
 
 class _ShapeError(QaoptError):

@@ -2,7 +2,7 @@
 
 >>> from qaopt.approx.passes import passes
 >>> [p.name for p in passes()]
-['pruning', 'lowrank', 'quantization', 'finetune']
+['pruning', 'lowrank', 'resolution', 'quantization', 'finetune']
 
 A new pass is one module with one :class:`ApproximationPass` subclass decorated
 with :func:`register_pass` (docs/extending.md, "Adding an approximation pass").
@@ -26,7 +26,7 @@ from .base import (
 )
 
 # The built-in passes, registered on import in this order: sampled in it, and applied in it within each stage.
-from . import pruning, lowrank, quantization, finetune  # noqa: E402,F401  isort: skip
+from . import pruning, lowrank, resolution, quantization, finetune  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "ApproximationPass",

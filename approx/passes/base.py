@@ -174,6 +174,11 @@ class ApproximationPass:
     def check(self, knobs: Any, nn: str, backend: str | None) -> None:
         """Raise :class:`ApproxError` for knobs no model could take (before anything is built)."""
 
+    def model_problems(self, config: PassConfig, target: TargetNN) -> list[tuple[tuple, str]]:
+        """What in the spec's section no model of this NN could take (e.g. an input size its architecture rejects),
+        as ``(loc within the section, message)``; ``qaopt validate`` places each at its line."""
+        return []
+
     def runnable_on(self, knobs: Any) -> tuple[str, ...] | None:
         """The backends that can run a candidate with these knobs; ``None``: the pass does not restrict them."""
         return None

@@ -1,0 +1,266 @@
+"""NNs that read the same input, merged: one shared backbone with one output head per NN.
+
+Two NNs that look at the same camera frame each pay for a whole backbone; most of
+that work computes the same kind of features. A merged NN is the largest member's
+model (by MACs) with its output layer widened to every member's outputs, distilled
+from all the references at once on the lead's training frames. Every other knob
+(pruning, resolution, dtype) then applies to the merged NN as to any NN, and a frame
+runs it once for all its members.
+
+Each member keeps its own error: the merged candidate is measured on each member's own
+validation data, in that member's output columns, with that member's metric
+(:func:`build_merged` returns one view of the candidate per member). Whether the
+application tolerates what sharing costs each NN is for the region and the closed
+loop to decide, as for every other knob.
+
+Layout under the approx store: ``merged/<key>/`` the distilled merged NN (before any
+other knob), ``views/<candidate key>/`` each member's error and residuals on its data.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from qaopt.app_spec.hashing import content_hash
+from qaopt.app_spec.store import read_json, write_json
+
+from .build import build
+from .cache import Store
+from .candidate import Candidate
+from .errors import ApproxError
+from .finetune import Distiller, FinetuneRecipe, teacher_outputs
+from .knobs import Knobs
+from .pruning import output_heads
+from .quantize import predict_torch
+from .target import ErrorMetric, TargetNN
+
+FORMAT = 1
+"""Bumped when what a stored merged NN or view means changes, so old entries are never misread."""
+VIEW_KIND, VIEW_VERSION = "approx.merged.view", 1
+MERGE_SEP = "+"
+
+Progress = Callable[[str], None]
+
+
+def merged_name(names: Sequence[str]) -> str:
+    """The name of the merged NN of ``names``: ``heading+distance``."""
+    return MERGE_SEP.join(names)
+
+
+class OutputColumns(nn.Module):
+    """One member's outputs of a merged NN: the columns ``columns`` of ``merged``'s output."""
+
+    def __init__(self, merged: nn.Module, columns: Sequence[int]):
+        super().__init__()
+        self.merged = merged
+        self.columns = list(columns)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.merged(x)[:, self.columns]
+
+
+class MergedHeads(nn.Module):
+    """The lead NN with its output layer widened to every member's outputs.
+
+    Each column ``c`` of the widened model is mapped by ``scale[c] * y + shift[c]`` into its member's unit: the
+    lead's own columns unchanged, every other column from the spread of the lead's outputs to the spread of its
+    member's, so that the lead's layers keep working at the scale they were trained at.
+    """
+
+    def __init__(self, model: nn.Module, scale: torch.Tensor, shift: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.register_buffer("scale", scale.view(1, -1).float())
+        self.register_buffer("shift", shift.view(1, -1).float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x) * self.scale + self.shift
+
+
+@dataclass(frozen=True)
+class MergedData:
+    """The merged NN's data: the lead's frames, with every member's reference outputs as targets.
+
+    Validation targets are the lead's labels in its columns and the other members' reference outputs
+    in theirs; each member's own error is measured on its own validation data (:func:`build_merged`).
+    """
+
+    x_train: object
+    y_train: np.ndarray
+    x_val: object
+    y_val: np.ndarray
+    val_sequences: Sequence[np.ndarray]
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class MergeGroup:
+    """NNs that read the same input, and what merging them costs to train."""
+
+    members: tuple[TargetNN, ...]
+    finetune_steps: int
+    """Distillation steps of the merged NN from the references, before any other knob."""
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.members]
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise ValueError(f"a merge group needs two or more distinct NNs, got {names}")
+        shapes = {tuple(m.input_shape) for m in self.members}
+        if len(shapes) != 1:
+            raise ApproxError(merged_name(names), "merge", f"the NNs take inputs of different shapes {sorted(shapes)}; "
+                                                           "only NNs that read the same input can share a backbone")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members)
+
+    @property
+    def name(self) -> str:
+        return merged_name(self.names)
+
+    def lead(self) -> TargetNN:
+        """The member whose backbone the merged NN keeps: the one with the most MACs (the first listed on a tie)."""
+        macs = [tp.utils.count_ops_and_params(m.model, m.example_input)[0] for m in self.members]
+        return self.members[int(np.argmax(macs))]
+
+    def columns(self) -> dict[str, list[int]]:
+        """Each member's output columns in the merged NN's output."""
+        out, start = {}, 0
+        for m in self.members:
+            width = _outputs(m)
+            out[m.name] = list(range(start, start + width))
+            start += width
+        return out
+
+
+def _outputs(nn_: TargetNN) -> int:
+    return int(np.asarray(nn_.data.y_val).shape[1])
+
+
+def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, recipe: FinetuneRecipe = FinetuneRecipe(),
+                  device: str = "cpu", progress: Progress = lambda message: None) -> TargetNN:
+    """The merged NN of ``group`` as a :class:`TargetNN` (distilled once, then cached): every knob builds on it."""
+    store = Store(cache_dir)
+    lead = group.lead()
+    columns = group.columns()
+    key = content_hash("approx.merged", FORMAT, [m.fingerprint for m in group.members], lead.name,
+                       group.finetune_steps, recipe.as_dict())
+    d = lead.data
+    y_train = np.concatenate([_reference_outputs(m, lead, "train", store, device) for m in group.members], axis=1)
+    y_val = np.concatenate([np.asarray(d.y_val) if m is lead else _reference_outputs(m, lead, "val", store, device)
+                            for m in group.members], axis=1)
+    data = MergedData(d.x_train, y_train, d.x_val, y_val, d.val_sequences, fingerprint=key)
+    metric = ErrorMetric(lead.metric.kind, columns[lead.name][lead.metric.column], lead.metric.threshold)
+    with store.lock(key):
+        folder = store.entry("merged", key)
+        if folder is not None:
+            model = store.load_module(folder)
+        else:
+            model = _widened(group, lead, columns, y_train)
+            progress(f"merging {', '.join(group.names)} into one backbone: distilling {group.finetune_steps} steps")
+            torch.manual_seed(int(key[:8], 16))
+            Distiller(d.x_train, y_train, lambda: y_train, recipe, int(key[:8], 16), device).run(model, group.finetune_steps)
+            (store.root / "merged").mkdir(exist_ok=True)
+            with store.writing("merged", key) as tmp:
+                store.save_module(model, tmp)
+    return TargetNN(group.name, model, data, tuple(lead.input_shape), metric, architecture=key)
+
+
+def _reference_outputs(member: TargetNN, lead: TargetNN, split: str, store: Store, device: str) -> np.ndarray:
+    """``member``'s reference outputs on the lead's ``split`` frames (its teacher outputs when they are its own)."""
+    if split == "train" and member is lead:
+        return teacher_outputs(lead, store, device)
+    key = content_hash("approx.merged.reference", member.fingerprint, lead.fingerprint, split)
+    outputs = store.teacher_outputs(key)
+    if outputs is None:
+        outputs = predict_torch(copy.deepcopy(member.model).float().eval(), getattr(lead.data, f"x_{split}"), device=device)
+        store.save_teacher_outputs(key, outputs)
+    return outputs
+
+
+def _widened(group: MergeGroup, lead: TargetNN, columns: dict[str, list[int]], y_train: np.ndarray) -> MergedHeads:
+    """The lead's model with its one output layer widened to every member's columns (its own rows kept)."""
+    model = copy.deepcopy(lead.model).float().eval()
+    heads = output_heads(model, lead.example_input)
+    if len(heads) != 1 or not isinstance(heads[0], nn.Linear | nn.Conv2d):
+        raise ApproxError(group.name, "merge", f"NN {lead.name!r} has no single linear or conv output layer to widen "
+                                               f"into one head per NN; merge needs one")
+    old = heads[0]
+    total = sum(len(c) for c in columns.values())
+    if isinstance(old, nn.Linear):
+        new = nn.Linear(old.in_features, total, bias=old.bias is not None)
+    else:
+        new = nn.Conv2d(old.in_channels, total, old.kernel_size, old.stride, old.padding, old.dilation, old.groups,
+                        bias=old.bias is not None)
+    own = columns[lead.name]
+    with torch.no_grad():
+        new.weight[own] = old.weight
+        if old.bias is not None:
+            new.bias[own] = old.bias
+    path = next(name for name, m in model.named_modules() if m is old)
+    parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
+    setattr(parent, path.rpartition(".")[2], new)
+    # Every column leaves the lead's layers at the lead's output spread; map it to its member's.
+    lead_y = y_train[:, own]
+    mean, std = lead_y.mean(), max(float(lead_y.std()), 1e-6)
+    scale, shift = np.ones(total, np.float32), np.zeros(total, np.float32)
+    for name, cols in columns.items():
+        if name != lead.name:
+            s = y_train[:, cols].std(axis=0) / std
+            scale[cols], shift[cols] = s, y_train[:, cols].mean(axis=0) - s * mean
+    merged = MergedHeads(model, torch.from_numpy(scale), torch.from_numpy(shift)).eval()
+    with torch.no_grad():
+        out = merged(lead.example_input)
+    if tuple(out.shape) != (lead.input_shape[0], total):
+        raise ApproxError(group.name, "merge", f"widening {lead.name!r}'s output layer to {total} outputs gives an "
+                                               f"output of shape {tuple(out.shape)}; merge needs an NN whose output "
+                                               "layer's outputs are its outputs")
+    return merged
+
+
+def build_merged(group: MergeGroup, knobs: Knobs, *, cache_dir: str | Path | None = None,
+                 recipe: FinetuneRecipe = FinetuneRecipe(), backend: str | None = None, onnx=None,
+                 device: str = "cpu", progress: Progress = lambda message: None) -> dict[str, Candidate]:
+    """The merged candidate ``knobs`` make of ``group``, as one view per member (name -> :class:`Candidate`).
+
+    Every view is the same candidate (its key, module and graph: a frame runs it once); each carries its
+    member's error and residuals, measured on that member's own validation data, and the member's output
+    ``columns``.
+    """
+    target = merged_target(group, cache_dir=cache_dir, recipe=recipe, device=device, progress=progress)
+    merged = build(target, knobs, cache_dir=cache_dir, recipe=recipe, backend=backend, onnx=onnx, device=device,
+                   progress=progress)
+    store = Store(cache_dir)
+    (store.root / "views").mkdir(exist_ok=True)
+    columns = group.columns()
+    with store.lock(f"views-{merged.key}"):
+        folder = store.root / "views" / merged.key
+        meta = read_json(folder / "view.json", VIEW_KIND, VIEW_VERSION)
+        if meta is None:
+            progress("measuring each merged NN's error on its own data")
+            with store.writing("views", merged.key) as tmp:
+                meta = {}
+                for m in group.members:
+                    d = m.data
+                    pred = merged.predict(d.x_val)[:, columns[m.name]]
+                    meta[m.name] = {"metric": m.metric.kind, "error": m.metric(pred, np.asarray(d.y_val))}
+                    np.savez(tmp / f"residuals-{m.name}.npz", *m.metric.residuals(pred, np.asarray(d.y_val),
+                                                                                   d.val_sequences))
+                write_json(tmp / "view.json", VIEW_KIND, VIEW_VERSION, meta)
+    views = {}
+    for m in group.members:
+        with np.load(folder / f"residuals-{m.name}.npz") as npz:
+            residuals = tuple(npz[f"arr_{i}"] for i in range(len(npz.files)))
+        views[m.name] = dataclasses.replace(merged, nn=m.name, metric=meta[m.name]["metric"],
+                                            error=meta[m.name]["error"], residuals=residuals, serves=group.names,
+                                            columns=tuple(columns[m.name]))
+    return views

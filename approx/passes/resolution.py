@@ -1,0 +1,104 @@
+"""Input resolution: the NN sees its frame resized to a searched share of each side (the code is :mod:`qaopt.approx.resolution`).
+
+The resize runs inside the candidate's graph, so the candidate still takes the
+application's full-size frame and its measured latency includes the resize. The NN
+adapts to the new scale by distillation from its reference at full resolution (one
+damage phase: the fine-tuning budget follows the resize).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.distributions import CategoricalDistribution
+from pydantic import Field, PositiveInt, field_validator
+
+from ..errors import ApproxError
+from .base import ApproximationPass, PassConfig, PassKnobs, register_pass
+
+DEFAULT_SCALES = (1.0, 0.75, 0.5, 0.375)
+
+
+class ResolutionConfig(PassConfig):
+    """``approximations.<nn>.resolution``: the input scales searched (share of each side; 1 keeps the NN as it is),
+    and the multiple each resized side is rounded to."""
+
+    scales: list[float] = Field(default_factory=lambda: list(DEFAULT_SCALES), min_length=1, description=(
+        "shares of each side of the input, each in (0, 1]; 0.5 resizes a 240x320 frame to 120x160"))
+    align: PositiveInt = Field(8, le=256, description="each resized side is a multiple of this (at least this)")
+
+    @field_validator("scales")
+    @classmethod
+    def _scales(cls, value: list[float]) -> list[float]:
+        for s in value:
+            if not 0.0 < s <= 1.0:
+                raise ValueError(f"every scale must be in (0, 1], got {s}; 0.5 halves each side of the input")
+        return sorted(set(value), reverse=True)
+
+
+class ResolutionKnobs(PassKnobs):
+    """``input_scale`` of each side of the input is what the NN sees (1.0: the full frame); sides are rounded to
+    multiples of ``input_align``."""
+
+    input_scale: float = Field(1.0, gt=0.0, le=1.0)
+    input_align: PositiveInt = 8
+
+
+@register_pass
+class ResolutionPass(ApproximationPass):
+    name = "resolution"
+    Config = ResolutionConfig
+    Knobs = ResolutionKnobs
+
+    def space(self, config: ResolutionConfig | None, limits, chosen) -> dict[str, Any]:
+        if config is None:
+            return {}
+        return {"input_scale": CategoricalDistribution(config.scales), "input_align": config.align}
+
+    def probes(self, config: ResolutionConfig | None, limits) -> list[dict[str, Any]]:
+        return [] if config is None else [{"input_scale": s} for s in config.scales if s < 1.0]
+
+    def active(self, knobs) -> bool:
+        return knobs.input_scale < 1.0
+
+    def describe(self, knobs) -> dict[str, str]:
+        return {"input scale": f"{knobs.input_scale:g}"}
+
+    def check(self, knobs, nn: str, backend: str | None) -> None:
+        if not 0.0 < knobs.input_scale <= 1.0:
+            raise ApproxError(nn, "input_scale", f"{knobs.input_scale} is outside (0, 1]; 0.5 halves each side")
+
+    def model_problems(self, config: ResolutionConfig, target) -> list[tuple[tuple, str]]:
+        from ..resolution import check_takes, scaled_size
+
+        shape = tuple(target.input_shape)
+        if len(shape) != 4:
+            return [((), f"resolution resizes images (N, C, H, W); this NN's input_shape is {list(shape)}")]
+        problems = []
+        for i, scale in enumerate(config.scales):
+            size = scaled_size(shape, scale, config.align)
+            why = check_takes(target.model, shape, size)
+            if why is not None:
+                problems.append((("scales", i), f"scale {scale:g} resizes the input to {size[0]}x{size[1]}, which "
+                                                 f"the architecture cannot take ({why}); drop it or choose another"))
+        return problems
+
+    def damage_phases(self, knobs) -> int:
+        return 1 if self.active(knobs) else 0
+
+    def apply(self, model, knobs, ctx):
+        if not self.active(knobs):
+            return model
+        from ..resolution import InputResize, check_takes, scaled_size
+
+        shape = tuple(ctx.nn.input_shape)
+        if len(shape) != 4:
+            raise ApproxError(ctx.nn.name, "input_scale", f"resolution resizes images (N, C, H, W); the input is {list(shape)}")
+        size = scaled_size(shape, knobs.input_scale, knobs.input_align)
+        why = check_takes(model, shape, size)
+        if why is not None:
+            raise ApproxError(ctx.nn.name, "input_scale", f"{knobs.input_scale:g} gives {size[0]}x{size[1]}, which the "
+                                                          f"architecture cannot take: {why}")
+        model = InputResize(model, size)
+        ctx.recover(model, f"input resized to {size[0]}x{size[1]}")
+        return model

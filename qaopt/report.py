@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.artist import Artist  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from qaopt.app_spec import store  # noqa: E402
-from qaopt.approx import describe  # noqa: E402
-from qaopt.result import Configuration, Fidelity, Latency, Result, StudySummary, Validation  # noqa: E402
+from qaopt.approx import Knobs, describe  # noqa: E402
+from qaopt.approx.passes import knob_owners, passes  # noqa: E402
+from qaopt.result import (  # noqa: E402
+    Configuration,
+    Fidelity,
+    Latency,
+    Result,
+    StudySummary,
+    TrialRecord,
+    Validation,
+)
 
 MiB = 2**20
 METRICS_NOTE = ("Counts (metrics reported as whole numbers per run, such as collisions or crashes) are totals over "
@@ -24,6 +40,10 @@ MEASUREMENT_NOTE = (
     "hypervisor took more than 10 % of them, it is measured again, and still disturbed (or too uncertain) it is "
     "marked *untrusted*. A speedup is the ratio of medians with a 95 % percentile-bootstrap interval; one whose "
     "interval includes 1.0, or whose two sides are the same NNs, is no measurable difference.")
+PARETO_NOTE = ("Every trial by its latency per frame (log scale: equal horizontal distances are equal speedups) "
+               "and peak memory, coloured by its knob family (the approximations its NNs use; *merged*: one NN serves "
+               "several); filled = feasible, hollow = infeasible. The reference, application-agnostic and "
+               "application-aware configurations are marked, with their speedups in the legend.")
 CHECKS_NOTE = ("The front's configurations nearest the region's boundary, run closed-loop while the search went on "
                "(search.closed_loop); a failure corrected the region for the trials after it.")
 
@@ -33,7 +53,7 @@ def write_report(result: Result, run_dir: Path) -> Path:
 
     A pure function of the result, so an old ``result.json`` gives the same report again.
     """
-    pareto = plot_pareto(result.studies, run_dir / "pareto.png")
+    pareto = plot_pareto(result, run_dir / "pareto.png")
     lines = [f"# qaopt report: {result.app}", ""]
     lines += [
         f"Spec `{result.spec}` (hash `{result.spec_hash}`), profile `{result.profile}`.",
@@ -68,7 +88,7 @@ def write_report(result: Result, run_dir: Path) -> Path:
     if checks:
         lines += ["### Closed-loop checks during the search", "", CHECKS_NOTE, "", _validation_table(checks), ""]
     lines += ["### Region fidelity", "", _fidelity(result.fidelity), ""]
-    lines += ["## Search", "", f"![Pareto front]({pareto.name})", ""]
+    lines += ["## Search", "", f"![Pareto front]({pareto.name})", "", PARETO_NOTE, ""]
     lines += ["| study | complete | feasible | failed |", "|---|---|---|---|"]
     for mode, s in result.studies.items():
         lines.append(f"| {mode} | {s.trials_complete} | {s.trials_feasible} | {s.trials_failed} |")
@@ -91,28 +111,136 @@ def write_report(result: Result, run_dir: Path) -> Path:
     return store.write_text(run_dir / "report.md", "\n".join(lines) + "\n")
 
 
-def plot_pareto(studies: dict[str, StudySummary], path: Path) -> Path:
-    """Latency vs memory of every measured trial; filled = feasible (tuned), hollow = infeasible (untuned)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for (mode, study), colour in zip(studies.items(), ("tab:green", "tab:blue"), strict=False):
-        trials = [t for t in study.trials if t.state == "complete" and t.objectives]
-        for feasible in (True, False):
-            pts = [t for t in trials if t.feasible == feasible]
-            if not pts:
-                continue
-            xs = [t.objectives.get("latency", 0.0) for t in pts]
-            ys = [t.objectives.get("memory", 0.0) for t in pts]
-            ax.scatter(xs, ys, s=36, label=f"{mode}, {'feasible' if feasible else 'infeasible'}",
-                       facecolors=colour if feasible else "none", edgecolors=colour, marker="o" if feasible else "X")
-    ax.set_xlabel("latency per frame (ms)")
-    ax.set_ylabel("peak memory (MiB)")
-    ax.set_title("Search trials")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def plot_pareto(result: Result, path: Path) -> Path:
+    """Write :func:`pareto_figure` of ``result`` to ``path``."""
+    fig = pareto_figure(result)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+STUDY_MARKERS = ("o", "^")
+"""Trial markers of the studies in ``Result.studies`` order (aware, agnostic): colour tells the knob family."""
+FAMILY_PALETTE = plt.get_cmap("tab20")
+FAMILY_COLOURS = (*range(0, 20, 2), *range(1, 20, 2))
+"""The knob families' colours: tab20's ten strong colours first, its ten pale ones after, so no two of the first ten
+families look alike."""
+CHOSEN_STYLES: dict[str, dict[str, Any]] = {
+    "reference": {"marker": "X", "s": 150, "facecolors": "black", "edgecolors": "white", "linewidths": 0.8},
+    "application-agnostic": {"marker": "D", "s": 170, "facecolors": "none", "edgecolors": "black", "linewidths": 2.0},
+    "application-aware": {"marker": "*", "s": 300, "facecolors": "gold", "edgecolors": "black", "linewidths": 1.0},
+}
+"""The marked configurations' markers: the agnostic diamond is hollow, so an agnostic choice that is the aware one
+(or the reference) still shows around it."""
+
+
+class _Point(NamedTuple):
+    latency: float
+    memory: float
+    family: str
+    feasible: bool
+
+
+def pareto_figure(result: Result) -> Figure:
+    """Latency (log axis) vs memory of every measured trial, coloured by knob family, with the reference and the two
+    chosen configurations marked and their speedups in the legend.
+
+    Log latency, because one slow trial (a bf16 NN on a CPU without bf16 kernels) would otherwise press every other
+    trial against 0 ms; on a log axis the gap between the reference and a chosen configuration is its speedup.
+    Filled = feasible (tuned), hollow = infeasible (untuned).
+    """
+    points = {mode: [p for t in study.trials if t.state == "complete" and (p := _point(t)) is not None]
+              for mode, study in result.studies.items()}
+    families = sorted({p.family for pts in points.values() for p in pts},
+                      key=lambda f: (f != "reference", f.count("+"), f))
+    colours = {f: FAMILY_PALETTE(FAMILY_COLOURS[i % len(FAMILY_COLOURS)], alpha=0.85) for i, f in enumerate(families)}
+    fig, ax = plt.subplots(figsize=(8.4, 4.8))
+    study_handles: list[Artist] = []
+    for (mode, pts), marker in zip(points.items(), STUDY_MARKERS, strict=False):
+        if pts:
+            # No alpha= here: it would fill the hollow (infeasible) markers; the colours carry it instead.
+            ax.scatter([p.latency for p in pts], [p.memory for p in pts], s=34, marker=marker, linewidths=1.0,
+                       edgecolors=[colours[p.family] for p in pts],
+                       facecolors=[colours[p.family] if p.feasible else "none" for p in pts])
+        study_handles += [Line2D([], [], linestyle="", marker=marker, color="dimgrey",
+                                 markerfacecolor="dimgrey" if feasible else "none",
+                                 label=f"{mode} study, {'feasible' if feasible else 'infeasible'}")
+                          for feasible in (True, False)]
+    speedups = {"application-agnostic": result.speedups.agnostic, "application-aware": result.speedups.aware}
+    marked: list[Artist] = []
+    for name, config in (("reference", result.reference), ("application-agnostic", result.agnostic),
+                         ("application-aware", result.aware)):
+        if config is None:
+            continue
+        latency, memory = _figures(config)
+        label = f"{name}{'' if config.trial is None else f', trial {config.trial}'}: {latency:.3g} ms"
+        if speedups.get(name) is not None:
+            label += f", {speedups[name]:.2f}x"
+        marked.append(ax.scatter([latency], [memory], zorder=3, label=label, **CHOSEN_STYLES[name]))
+    handles = marked + study_handles + [Patch(color=colours[f], label=f) for f in families]
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("latency per frame (ms, log scale)")
+    ax.set_ylabel("peak memory (MiB)")
+    ax.set_title("Search trials by knob family")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    return fig
+
+
+def _point(trial: TrialRecord) -> _Point | None:
+    """Where a trial sits: its measured configuration's figures, else (unmeasured) its quick objective values; None
+    without a latency (a study that minimised memory alone) to place it by."""
+    if trial.configuration is not None:
+        latency, memory = _figures(trial.configuration)
+    else:
+        latency, memory = trial.objectives.get("latency"), trial.objectives.get("memory", 0.0)
+    return None if latency is None else _Point(latency, memory, _trial_family(trial), trial.feasible)
+
+
+def _figures(config: Configuration) -> tuple[float, float]:
+    """A measured configuration's (latency ms, memory MiB), as the studies' objectives give them."""
+    return config.latency_ms, (config.memory_bytes or 0) / MiB
+
+
+def knob_family(nns: Mapping[str, Mapping[str, Any]], serves: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The approximations a configuration uses, e.g. ``merged+resolution+int8``; ``reference`` when none.
+
+    ``nns`` maps each NN to its knobs (``NNChoice.knobs``; a knob left out keeps its default), ``serves`` each NN to
+    the NNs its candidate serves (``NNChoice.serves``): two or more is a merged candidate. The passes come from the
+    registry, in its order, so a new pass names its own family. Quantization is named by its dtype (``int8``,
+    ``bf16``), which is what sets its trials apart; fine-tuning is left out, as it only wins back what the other
+    passes cost.
+    """
+    knobs = [Knobs.model_validate(dict(k)) for k in nns.values()]
+    merged = ["merged"] if any(len(names) > 1 for names in (serves or {}).values()) else []
+    active = [k.dtype if p.name == "quantization" else p.name for p in passes() if p.name != "finetune"
+              for k in knobs if p.active(k)]
+    return "+".join(dict.fromkeys(merged + active)) or "reference"
+
+
+def _trial_family(trial: TrialRecord) -> str:
+    """A trial's knob family: from its measured configuration, else (infeasible, never measured) from its params."""
+    if trial.configuration is not None:
+        nns = trial.configuration.nns
+        return knob_family({n: c.knobs for n, c in nns.items()}, {n: c.serves for n, c in nns.items()})
+    return knob_family(*_knobs_of_params(trial.params))
+
+
+def _knobs_of_params(params: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """Each NN's sampled knobs (``<nn>.<knob>``) and the merged groups (``merge.<a>+<b>`` set true) of a trial's
+    params, as :func:`knob_family` takes them; the other params (the schedule) are no knobs and are passed over."""
+    owned = knob_owners()
+    knobs: dict[str, dict[str, Any]] = {}
+    serves: dict[str, list[str]] = {}
+    for key, value in params.items():
+        prefix, _, name = key.partition(".")
+        if prefix == "merge" and value is True:
+            group = name.split("+")
+            serves.update({nn: group for nn in group})
+        elif name in owned:
+            knobs.setdefault(prefix, {})[name] = value
+    return knobs, serves
 
 
 def _outcome(result: Result) -> str:

@@ -396,21 +396,24 @@ class ShippedNN:
         self.key = candidate.key
         self.module = candidate.module if candidate.onnx_path is None else None
         self.onnx = Path(candidate.onnx_path).read_bytes() if candidate.onnx_path is not None else None
+        self.columns = None if candidate.columns is None else list(candidate.columns)
         self._session = None
 
     def __getstate__(self) -> dict:
-        return {"key": self.key, "module": self.module, "onnx": self.onnx, "_session": None}
+        return {"key": self.key, "module": self.module, "onnx": self.onnx, "columns": self.columns, "_session": None}
 
     def __call__(self, x: Any) -> Any:
         from qaopt.approx.quantize import predict_onnx, predict_torch
 
         if self.onnx is None:
-            return predict_torch(self.module, x)
-        if self._session is None:
-            from qaopt.kernels.onnx import ort_session
+            out = predict_torch(self.module, x)
+        else:
+            if self._session is None:
+                from qaopt.kernels.onnx import ort_session
 
-            self._session = ort_session(self.onnx, threads=1)
-        return predict_onnx(self._session, x)
+                self._session = ort_session(self.onnx, threads=1)
+            out = predict_onnx(self._session, x)
+        return out if self.columns is None else out[:, self.columns]
 
 
 def run_perception_block(make: Callable[[], Any], nns: Mapping[str, Callable], seeds: Sequence[int],

@@ -76,6 +76,7 @@ def _measured(candidate: Candidate, measured: kernels.MeasuredModel) -> Measured
         params=candidate.params,
         backends_measured=measured.backends_measured,
         latency=latency_of([measured.measurement]),
+        serves=list(candidate.serves) if len(candidate.serves) > 1 else [],
     )
     return MeasuredNN(candidate, measured.compiled, choice)
 

@@ -121,6 +121,22 @@ class BoundApplication:
 
 
 @dataclass(frozen=True)
+class MergePlan:
+    """A group of NNs each trial searches merged (one backbone, a head per NN) or apart (``search.merge``)."""
+
+    nns: tuple[str, ...]
+    finetune_steps: int
+
+    @property
+    def param(self) -> str:
+        """The trial parameter that says whether the group is merged: ``merge.heading+distance``."""
+        return f"{MERGE_PARAM_PREFIX}{'+'.join(self.nns)}"
+
+
+MERGE_PARAM_PREFIX = "merge."
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """One run's decisions, frozen: budgets, folders, the target, the knob spaces and the bound application."""
 
@@ -140,6 +156,7 @@ class RunPlan:
     train_device: str
     knob_spaces: Mapping[str, Any]
     """NN -> its :class:`qaopt.approx.KnobSpace` under the profile's caps and the target's backend."""
+    merge_groups: tuple[MergePlan, ...]
     closed_loop: ClosedLoopPlan
     validation_runs: int
     validate_top: int
@@ -201,6 +218,7 @@ def build_plan(
         target=target,
         train_device=training_device(spec.training, say),
         knob_spaces={name: KnobSpace.from_section(spec.knobs_for(name), limits, nn=name) for name in spec.nns},
+        merge_groups=tuple(MergePlan(tuple(g.nns), g.finetune_steps) for g in spec.search.merge),
         closed_loop=ClosedLoopPlan(
             every=0 if prof.closed_loop_checks == 0 else checks.every,
             per_round=checks.configurations,

@@ -37,12 +37,14 @@ from optuna.trial import FrozenTrial, TrialState
 from qaopt import kernels
 from qaopt.app_spec import QaoptError
 from qaopt.approx import Candidate, Knobs, TargetNN, build
+from qaopt.approx.merge import MergeGroup, build_merged
 from qaopt.calibrate import ErrorRegion
 from qaopt.events import Measured, StageEvents, TrialPhase
 from qaopt.events import Trial as TrialEvent
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
-from qaopt.plan import RunPlan
+from qaopt.plan import MergePlan, RunPlan
+from qaopt.seeding import Unit, informed_trial
 from qaopt.result import Configuration, StudySummary, TrialRecord, Validation
 
 Mode = Literal["aware", "agnostic"]
@@ -166,11 +168,42 @@ class SearchContext:
         """Each NN with nothing approximated, under the run's seed."""
         return {name: Knobs(seed=self.plan.seed) for name in self.nns}
 
-    def build(self, name: str, knobs: Knobs | Mapping[str, Any]) -> Candidate:
-        """NN ``name``'s candidate for ``knobs`` (a :class:`Knobs` or the dict a result stores), built or loaded."""
+    def build(self, name: str, knobs: Knobs | Mapping[str, Any], serves: Sequence[str] = ()) -> Candidate:
+        """NN ``name``'s candidate for ``knobs`` (a :class:`Knobs` or the dict a result stores), built or loaded;
+        with ``serves`` (two or more NNs, ``name`` among them), its view of the merged candidate of those NNs."""
         knobs = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(knobs)
+        if len(serves) > 1:
+            return self.build_merged(self._merge_plan(serves), knobs)[name]
         return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=self.plan.backend_name,
                      onnx=kernels.onnx, device=self.plan.train_device)
+
+    def build_merged(self, group: MergePlan, knobs: Knobs) -> dict[str, Candidate]:
+        """The merged candidate of ``group`` for ``knobs``, one view per member NN (:func:`qaopt.approx.build_merged`)."""
+        return build_merged(self.merge_group(group), knobs, cache_dir=self.cache_dir, backend=self.plan.backend_name,
+                            onnx=kernels.onnx, device=self.plan.train_device)
+
+    def merge_group(self, group: MergePlan) -> MergeGroup:
+        return MergeGroup(tuple(self.nns[n] for n in group.nns), group.finetune_steps)
+
+    @cached_property
+    def merge_leads(self) -> dict[MergePlan, str]:
+        """Each merge group's lead: the NN whose backbone and knob space the merged NN takes."""
+        return {g: self.merge_group(g).lead().name for g in self.plan.merge_groups}
+
+    def _merge_plan(self, serves: Sequence[str]) -> MergePlan:
+        for group in self.plan.merge_groups:
+            if set(group.nns) == set(serves):
+                return group
+        raise QaoptError(f"a merged candidate serves {', '.join(serves)}, but search.merge has no such group; "
+                         "restore the group in the spec, or run optimize again")
+
+    def build_unit(self, unit: Unit, knobs: Knobs) -> dict[str, Candidate]:
+        """The candidates of one part of a configuration: an NN alone, or a merge group's views."""
+        return self.build_merged(unit.group, knobs) if unit.group is not None else {unit.nn: self.build(unit.nn, knobs)}
+
+    def candidates(self, config: Configuration) -> dict[str, Candidate]:
+        """The candidates of a configuration as a result stores it (merged NNs rebuilt as merged)."""
+        return {n: self.build(n, c.knobs, c.serves) for n, c in config.nns.items()}
 
     @cached_property
     def reference(self) -> dict[str, Candidate]:
@@ -256,10 +289,8 @@ class Objective:
         ctx = self.ctx
         self.trial = trial
         try:
-            knobs = {name: self._knobs(trial, name) for name in ctx.nns}
             schedule = trial.suggest_categorical("schedule", list(schedules_for(len(ctx.nns), threads_of(ctx.target))))
-            self._say(trial, "building")
-            candidates = {name: ctx.build(name, k) for name, k in knobs.items()}
+            candidates = self._candidates(trial)
             unusable = nonfinite(candidates)
             if unusable:
                 return self._unusable(trial, candidates, unusable)
@@ -314,8 +345,22 @@ class Objective:
         self._say(trial, "finished")
         return values
 
-    def _knobs(self, trial: optuna.Trial, name: str) -> Knobs:
-        return self.ctx.plan.knob_spaces[name].sample(trial, name, seed=self.ctx.plan.seed)
+    def _candidates(self, trial: optuna.Trial) -> dict[str, Candidate]:
+        """Sample the trial's knobs and build its candidates: each merge group merged or apart, then every NN
+        not merged on its own knobs. A merged group's knobs are its lead's (sampled under the lead's name)."""
+        ctx, plan = self.ctx, self.ctx.plan
+        merged = [g for g in plan.merge_groups if trial.suggest_categorical(g.param, [False, True])]
+        knobs = {}
+        for group in merged:
+            lead = ctx.merge_leads[group]
+            knobs[group] = plan.knob_spaces[lead].sample(trial, lead, seed=plan.seed)
+        alone = {name: plan.knob_spaces[name].sample(trial, name, seed=plan.seed) for name in ctx.nns
+                 if not any(name in g.nns for g in merged)}
+        self._say(trial, "building")
+        candidates = {name: ctx.build(name, k) for name, k in alone.items()}
+        for group, k in knobs.items():
+            candidates.update(ctx.build_merged(group, k))
+        return {name: candidates[name] for name in ctx.nns}
 
     def _values(self, latency: float, memory: int | None) -> list[float]:
         figures = {"latency": latency, "memory": (memory or 0) / 2**20}
@@ -365,15 +410,14 @@ def run_study(
     for nn, k in reference_knobs.items():
         params.update(spaces[nn].params_of(k, nn))
     params["schedule"] = "sequential"
+    params.update({group.param: False for group in plan.merge_groups})
     study.enqueue_trial(params, skip_if_exists=True)
-    # Then each probe alone (each reduced precision, no pruning): what accuracy-preserving compression
-    # tries first, so that neither study has to come upon it by sampling.
-    probes = {nn: spaces[nn].probes() for nn in reference_knobs}
-    for probe in [dict(p) for p in dict.fromkeys(tuple(sorted(p.items())) for ps in probes.values() for p in ps)]:
-        changed = {f"{nn}.{knob}": value for nn, k in reference_knobs.items() if probe in probes[nn]
-                   for knob, value in probe.items() if getattr(k, knob) != value}
-        if changed:
-            study.enqueue_trial({**params, **changed}, skip_if_exists=True)
+    # Then the cheapest combination of probes found inside the study's bounds (qaopt.seeding), so that a
+    # short study does not have to come upon it by sampling.
+    if len(study.get_trials(deepcopy=False)) <= 1:  # a new study (a resumed one has its informed trial)
+        informed = informed_trial(ctx, mode, region.current().region, events.note)
+        if informed is not None:
+            study.enqueue_trial(informed, skip_if_exists=True)
 
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
         on_done(study, trial)

@@ -41,7 +41,7 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
         key = (config.schedule, tuple(sorted((n, c.candidate, c.backend) for n, c in config.nns.items())))
         keys[name] = key
         if key not in frames:
-            models = frame_models({n: ctx.build(n, c.knobs) for n, c in config.nns.items()})
+            models = frame_models(ctx.candidates(config))
             target = kernels.frame_target(ctx.target, config.schedule, len(models))
             frames[key] = ({n: compile_choice(candidate, config.nns[n], target, ctx.cache_dir)
                             for n, candidate in models.items()}, config.schedule)

@@ -10,8 +10,10 @@
   ``input``, the output ``output`` and a dynamic batch axis 0.
 - the compiled library of the backend that was measured;
 - ``artifact.json``: what the NN runs (its ONNX graph or its torch module), its input
-  shape and the spec's NNs it serves, as the candidate says, so :func:`load_artifacts`
-  never infers them from a knob's value.
+  shape, the spec's NNs it serves and, for a merged NN (one backbone, a head per NN), the
+  columns of its output that are this NN's, as the candidate says, so :func:`load_artifacts`
+  never infers them from a knob's value. Each member of a merged NN gets the whole merged
+  module and graph in its folder; a robot runs it once per frame for all the NNs it serves.
 
 Each file is written atomically, so a killed export never leaves a file a later run
 mistakes for whole.
@@ -30,6 +32,7 @@ from torch import nn
 
 from qaopt import kernels
 from qaopt.app_spec import QaoptError, store
+from qaopt.approx.merge import OutputColumns
 from qaopt.measuring import compile_choice
 from qaopt.result import Configuration, Result
 from qaopt.search import SearchContext
@@ -47,8 +50,8 @@ RUNS_ONNX, RUNS_TORCH = "onnx", "torch"
 def export_configuration(ctx: SearchContext, config: Configuration, folder: Path) -> dict[str, dict[str, Path]]:
     """Write every NN of ``config`` into ``folder``; returns NN -> kind -> path."""
     out: dict[str, dict[str, Path]] = {}
-    for name, choice in config.nns.items():
-        candidate = ctx.build(name, choice.knobs)
+    for name, candidate in ctx.candidates(config).items():
+        choice = config.nns[name]
         nn_dir = folder / name
         files = {"module": nn_dir / MODULE_FILE, "state_dict": nn_dir / STATE_DICT_FILE, "onnx": nn_dir / ONNX_FILE}
         with store.atomic_path(files["module"]) as tmp:
@@ -66,7 +69,8 @@ def export_configuration(ctx: SearchContext, config: Configuration, folder: Path
         # What load_artifacts needs to rebuild it, read from the candidate, not from its knobs.
         files["form"] = store.write_json(nn_dir / FORM_FILE, FORM_KIND, FORM_VERSION, {
             "runs": RUNS_ONNX if candidate.onnx_path is not None else RUNS_TORCH,
-            "input_shape": list(candidate.input_shape), "serves": list(candidate.serves)})
+            "input_shape": list(candidate.input_shape), "serves": list(candidate.serves),
+            "columns": None if candidate.columns is None else list(candidate.columns)})
         out[name] = files
     return out
 
@@ -95,19 +99,27 @@ def load_artifacts(run_dir: str | Path, threads: int | None = None) -> dict[str,
             raise QaoptError(f"{nn_dir / MODULE_FILE}: missing; this run's artifacts predate it: run `qaopt optimize` "
                              "again (it resumes from the cache and writes them)")
         module = torch.load(nn_dir / MODULE_FILE, weights_only=False, map_location="cpu").eval()
-        if _runs(nn_dir, choice.knobs) == RUNS_ONNX:
+        form = _form(nn_dir)
+        if _runs(form, choice.knobs) == RUNS_ONNX:
             module = OnnxModule(nn_dir / ONNX_FILE, module, threads)
+        if form.get("columns") is not None:  # a merged NN: its module computes every member's outputs
+            module = OutputColumns(module, form["columns"]).eval()
         modules[name] = module
     return modules
 
 
-def _runs(nn_dir: Path, knobs: dict) -> str:
-    """What the NN exported to ``nn_dir`` runs (:data:`RUNS_ONNX` or :data:`RUNS_TORCH`), as export recorded it.
+def _form(nn_dir: Path) -> dict:
+    """What export recorded about the NN in ``nn_dir`` (empty for artifacts exported before the record existed)."""
+    form = store.read_json(nn_dir / FORM_FILE, FORM_KIND, FORM_VERSION)
+    return form if isinstance(form, dict) else {}
+
+
+def _runs(form: dict, knobs: dict) -> str:
+    """What an exported NN runs (:data:`RUNS_ONNX` or :data:`RUNS_TORCH`), as export recorded it.
 
     Artifacts exported before the record existed ran their ONNX graph exactly when they were int8.
     """
-    form = store.read_json(nn_dir / FORM_FILE, FORM_KIND, FORM_VERSION)
-    if isinstance(form, dict) and form.get("runs") in (RUNS_ONNX, RUNS_TORCH):
+    if form.get("runs") in (RUNS_ONNX, RUNS_TORCH):
         return form["runs"]
     return RUNS_ONNX if knobs.get("dtype") == "int8" else RUNS_TORCH
 

@@ -130,7 +130,7 @@ def validate_configuration(
         if events:
             events.note(f"{label}{name}: {cached.verdict} after {cached.runs} runs, {cached.failures} failed (cached)")
         return cached.model_copy(update=labels)
-    candidates = {n: ctx.build(n, c.knobs) for n, c in config.nns.items()}
+    candidates = ctx.candidates(config)
 
     def show(step: BlockProgress) -> None:
         if events is not None and show_runs:

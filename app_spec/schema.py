@@ -686,7 +686,8 @@ class AppSpec(Section):
             inputs = {name: self.nns[name].input for name in group.nns}
             undeclared = [name for name, source in inputs.items() if source is None]
             if undeclared:
-                raise ValueError(f"search.merge.{i}.nns: {', '.join(undeclared)} declare no input; NNs are merged only "
+                verb = "declares" if len(undeclared) == 1 else "declare"
+                raise ValueError(f"search.merge.{i}.nns: {', '.join(undeclared)} {verb} no input; NNs are merged only "
                                  f"when they read the same input: give each nns.<name>.input the same name (e.g. camera)")
             if len(set(inputs.values())) > 1:
                 reads = ", ".join(f"{name} reads {source!r}" for name, source in inputs.items())

@@ -117,18 +117,21 @@ def test_sampling_follows_the_spec_and_the_profile_caps():
         trial = study.ask()
         k = space.sample(trial, "heading", seed=3)
         assert k.seed == 3 and k.prune_ratio == round(round(k.prune_ratio * 20) / 20, 6)  # on the 0.05 grid, rounded
-        assert k.dtype in ("fp32", "bf16", "int8") and k.round_to == 8
-        if k.prune_ratio > 0:
-            assert k.prune_steps == 2 and 100 <= k.finetune_steps <= 160 and "heading.finetune_steps" in trial.params
+        assert k.dtype in ("fp32", "bf16", "int8") and k.round_to == 8 and k.input_scale in (1.0, 0.75, 0.5, 0.375)
+        assert k.prune_steps == (2 if k.prune_ratio > 0 else 1)
+        if k.prune_ratio > 0 or k.input_scale < 1:  # pruned or resized: fine-tuned
+            assert 100 <= k.finetune_steps <= 160 and "heading.finetune_steps" in trial.params
         else:  # nothing damaged: nothing to fine-tune, and no budget is sampled
-            assert k.prune_steps == 1 and k.finetune_steps == 0 and "heading.finetune_steps" not in trial.params
+            assert k.finetune_steps == 0 and "heading.finetune_steps" not in trial.params
         study.tell(trial, 0.0)
-    assert space.params_of(Knobs(), "heading") == {"heading.prune_ratio": 0.0, "heading.dtype": "fp32"}
-    assert [p["dtype"] for p in space.probes()] == ["fp32", "bf16", "int8"]
+    assert space.params_of(Knobs(), "heading") == {"heading.prune_ratio": 0.0, "heading.input_scale": 1.0,
+                                                   "heading.dtype": "fp32"}
+    scales = [{"input_scale": s} for s in (0.75, 0.5, 0.375)]  # each smaller input is tried alone, as each dtype is
+    assert space.probes() == scales + [{"dtype": "fp32"}, {"dtype": "bf16"}, {"dtype": "int8"}]
     tvm = KnobSpace.from_section(spec.knobs_for("heading"), SearchLimits(backend="tvm"))
-    assert tvm.probes() == [{"dtype": "fp32"}, {"dtype": "int8"}]  # TVM has no bf16 kernels
+    assert tvm.probes() == scales + [{"dtype": "fp32"}, {"dtype": "int8"}]  # TVM has no bf16 kernels
     torch_only = KnobSpace.from_section(spec.knobs_for("heading"), SearchLimits(backend="torch"))
-    assert torch_only.probes() == [{"dtype": "fp32"}, {"dtype": "bf16"}]
+    assert torch_only.probes() == scales + [{"dtype": "fp32"}, {"dtype": "bf16"}]
 
 
 def test_describe_gives_the_report_one_column_per_knob():

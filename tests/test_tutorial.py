@@ -4,7 +4,8 @@ The tutorial's code listings must be the files of tests/tutorial_app, verbatim; 
 (check_application, `qaopt validate`, `qaopt calibrate`, `qaopt optimize --profile quick`)
 run in a copy of that folder, as a user runs them in theirs; and the three broken variants of
 tests/tutorial_app/broken.py are caught by check_application and by `qaopt validate` with the
-messages its troubleshooting section shows.
+messages its troubleshooting section shows, as are section 8's merge group and resolution
+scales that the drone's NNs cannot take.
 """
 
 from __future__ import annotations
@@ -136,3 +137,27 @@ def test_broken_variants_are_named_by_validate(folder, capsys, cls):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {spec}:8:5: evaluator.simulator.entry_point: 'broken:{cls}': {BROKEN[cls]}"), err
     assert "Traceback" not in err
+
+
+KNOB_VARIANTS = {  # section 8's variants of app.yaml: (after this line, add these, validate's options, the field at fault)
+    "merge": ("search:\n  trials: 12\n", "  merge:\n    - {nns: [altitude, gust]}\n", "--no-imports", "search.merge."),
+    "resolution": ("    finetune: {steps: [0, 40]}\n", "    resolution: {scales: [1.0, 0.5]}\n", "--no-application",
+                   "approximations.all.resolution."),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(KNOB_VARIANTS))
+def test_knob_variants_are_refused_as_the_tutorial_shows(folder, capsys, variant):
+    from qaopt.cli import main
+
+    after, added, option, field = KNOB_VARIANTS[variant]
+    text, tutorial = (folder / "app.yaml").read_text(), TUTORIAL.read_text()
+    assert text.count(after) == 1 and added.strip() in tutorial
+    spec = folder / f"knobs-{variant}.yaml"
+    spec.write_text(text.replace(after, after + added))
+    with pytest.raises(SystemExit) as info:
+        main(["validate", option, str(spec)])
+    assert info.value.code == 2
+    shown = [line.replace("error: app.yaml:", f"error: {spec}:", 1) for line in tutorial.splitlines()
+             if line.startswith("error: app.yaml:") and f": {field}" in line]
+    assert shown and capsys.readouterr().err.splitlines() == shown

@@ -1,4 +1,14 @@
-"""Spec texts shared by several test files (a small `qaopt calibrate` spec on the synthetic app)."""
+"""Spec texts and helpers shared by several test files: a small `qaopt calibrate` spec on the synthetic app,
+copies of the tiny application's spec with one thing changed, and `qaopt` run as a user runs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+TINY = Path(__file__).resolve().with_name("tiny.yaml")
 
 CALIBRATE_SPEC = """
 app: {name: synthetic}
@@ -30,3 +40,37 @@ calibration:
     - {nn: heading, max: 15.0}
     - {nn: distance, max: 0.15}
 """
+
+
+def tiny_spec(tmp_path: Path, edit=None, name: str = "app.yaml") -> Path:
+    """A copy of the tiny application's spec (tests/apps/tiny.yaml) in ``tmp_path``, ``edit``-ed as a dict first."""
+    data = yaml.safe_load(TINY.read_text())
+    if edit is not None:
+        edit(data)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_qaopt(capsys, *argv: str) -> tuple[int, list[str], str]:
+    """``qaopt argv`` as a user runs it: its exit status, the lines it printed to stderr, and its stdout."""
+    from qaopt.cli import main  # the CLI imports much: only when a test runs it
+
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out = capsys.readouterr()
+    return info.value.code, out.err.strip().splitlines(), out.out
+
+
+def line_of(path: Path, problem: str) -> str:
+    """The spec's line a ``path:line:col: ...`` problem points at."""
+    line = int(problem.removeprefix("error: ").removeprefix(str(path)).split(":")[1])
+    return path.read_text().splitlines()[line - 1]
+
+
+def one_error(capsys, path: Path, *argv: str) -> str:
+    """The one problem ``qaopt argv path`` prints (``error: path:line:col: field: ...``), exit status 2."""
+    code, err, _ = run_qaopt(capsys, *argv, str(path))
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith(f"error: {path}:"), err
+    return err[0]

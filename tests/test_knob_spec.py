@@ -1,0 +1,115 @@
+"""The spec of the two knobs that spend the headroom (docs/knobs.md): input resolution and merged NNs.
+
+``qaopt validate`` refuses each bad input at its line with its reason: a merge group of
+NNs that read different inputs, or an NN that declares none, or an unknown NN; a
+resolution scale outside (0, 1]; and, with its NN check on, a scale the architecture
+cannot take (a fixed-size layer after a flatten). A spec with ``input:``,
+``search.merge`` and a resolution section validates, and so do the shipped examples'.
+Every case runs on the tiny application (8x8 frames) in seconds.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from qaopt.app_spec import load
+from specs import line_of, one_error, run_qaopt, tiny_spec
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = ("cropfollow.yaml", "cropfollow-resnet18.yaml", "lanekeep.yaml")
+
+
+def _reading(a: str | None = "camera", b: str | None = "camera", merge: list[str] | None = None):
+    """An edit of the tiny spec: NN ``a`` reads input ``a``, NN ``b`` reads ``b`` (``None``: declares none),
+    and the search may merge the NNs ``merge`` (default: both)."""
+
+    def edit(d):
+        for name, source in (("a", a), ("b", b)):
+            if source is not None:
+                d["nns"][name]["input"] = source
+        d["search"]["merge"] = [{"nns": merge or ["a", "b"], "finetune_steps": 300}]
+
+    return edit
+
+
+@pytest.mark.parametrize(("edit", "field", "message", "line"), [
+    (_reading("camera", "lidar"), "search.merge.0.nns",
+     "these NNs read different inputs (a reads 'camera', b reads 'lidar'); only NNs that read the same input can "
+     "share a backbone", "- nns:"),
+    (_reading("camera", None), "search.merge.0.nns",
+     "b declares no input; NNs are merged only when they read the same input: give each nns.<name>.input the same "
+     "name (e.g. camera)", "- nns:"),
+    (_reading(merge=["a", "c"]), "search.merge.0.nns.1", "no NN named 'c'; the spec's NNs are ['a', 'b']", "- c"),
+    (lambda d: (_reading()(d), d["search"]["merge"].append({"nns": ["b", "a"]})), "search.merge.1.nns.0",
+     "NN 'b' is already in merge group 0; an NN can be merged with one group only", "- b"),
+    (lambda d: (_reading()(d), d["nns"]["b"].update(input_shape=[1, 1, 8, 16])), "search.merge.0.nns",
+     "these NNs take inputs of different shapes", "- nns:"),
+])
+def test_a_bad_merge_group_is_refused_at_its_line(tmp_path, capsys, edit, field, message, line):
+    path = tiny_spec(tmp_path, edit)
+    error = one_error(capsys, path, "validate", "--no-imports")
+    assert f": {field}: {message}" in error
+    assert line_of(path, error).strip() == line
+
+
+@pytest.mark.parametrize("scale", [1.5, 0.0])
+def test_a_resolution_scale_outside_0_1_is_refused_at_its_line(tmp_path, capsys, scale):
+    path = tiny_spec(tmp_path, lambda d: d["approximations"]["all"].update(resolution={"scales": [1.0, scale]}))
+    error = one_error(capsys, path, "validate", "--no-imports")
+    assert f": approximations.all.resolution.scales: every scale must be in (0, 1], got {scale}" in error
+    assert line_of(path, error).strip() == "scales:"
+
+
+FIXED_NET = '''
+"""A conv and a linear layer sized for 8x8 frames (after a flatten): a smaller frame cannot pass."""
+
+import torch
+from torch import nn
+
+
+def fixed_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.Flatten(), nn.Linear(2 * 8 * 8, 1)).eval()
+'''
+
+
+@pytest.mark.parametrize("key", ["all", "a"])
+def test_a_scale_the_architecture_cannot_take_is_found_by_validate(tmp_path, capsys, key):
+    (tmp_path / "fixednet.py").write_text(textwrap.dedent(FIXED_NET))
+
+    def edit(d):
+        d["nns"]["a"].update(model="fixednet:fixed_net", args={})
+        d["approximations"].setdefault(key, {})["resolution"] = {"scales": [1.0, 0.5], "align": 4}
+
+    path = tiny_spec(tmp_path, edit)
+    error = one_error(capsys, path, "validate", "--no-application")
+    # NN b (global average pooling) takes 4x4 frames: only NN a is named
+    assert (f": approximations.{key}.resolution.scales.1: nns.a: scale 0.5 resizes the input to 4x4, which the "
+            "architecture cannot take (RuntimeError: ") in error
+    assert "drop it or choose another" in error
+    assert line_of(path, error).strip() == "- 0.5"
+
+
+def test_inputs_merge_groups_and_resolution_validate(tmp_path, capsys):
+    def edit(d):
+        _reading()(d)
+        d["approximations"]["all"]["resolution"] = {"scales": [1.0, 0.5], "align": 4}
+
+    path = tiny_spec(tmp_path, edit)
+    code, err, out = run_qaopt(capsys, "validate", "--no-application", str(path))
+    assert code == 0, err
+    assert out.startswith(f"{path}: ok — app 'tiny', NNs a, b") and "each NN runs a sample of its data" in out
+    spec = load(path)
+    assert [(g.nns, g.finetune_steps) for g in spec.search.merge] == [(["a", "b"], 300)]
+    assert spec.knobs_for("b")["resolution"] == {"scales": [1.0, 0.5], "align": 4}
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_the_examples_merge_their_nns_on_one_input_and_search_resolution(name):
+    spec = load(REPO / "examples" / name)
+    assert [sorted(g.nns) for g in spec.search.merge] == [sorted(spec.nns)]
+    assert {nn.input for nn in spec.nns.values()} == {"camera"}
+    assert 1.0 in spec.knobs_for(next(iter(spec.nns)))["resolution"]["scales"]

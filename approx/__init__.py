@@ -42,7 +42,7 @@ _EXPORTS = {
     "canonical_section": ".space",
     "section_fields": ".space",
     "validate_section": ".space",
-    "build": ".build",
+    "build": ".builder",
     "ladder_of": ".ladder",
     "Ladder": ".ladder",
     "LadderRecipe": ".ladder",

@@ -33,7 +33,7 @@ from torch import nn
 from qaopt.app_spec.hashing import content_hash
 from qaopt.app_spec.store import read_json, write_json
 
-from .build import build
+from .builder import build
 from .cache import Store
 from .candidate import Candidate
 from .errors import ApproxError

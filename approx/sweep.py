@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .build import Progress, build
+from .builder import Progress, build
 from .candidate import Candidate
 from .finetune import FinetuneRecipe
 from .knobs import Knobs

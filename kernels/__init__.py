@@ -85,7 +85,7 @@ from .schedule import (
     threads_of,
     untuned_backend,
 )
-from .target import CpuInfo, RPCConfig, Target, TuningBudget, host_cpu_info
+from .target import CpuInfo, RPCConfig, Target, TuningBudget, emulated_dtypes, host_cpu_info
 from .torch_backends import torch_threads
 
 __all__ = [
@@ -95,7 +95,7 @@ __all__ = [
     "MeasuredModel", "Measurement", "MeasurementError", "OpenVinoBackend", "Outcome", "Protocol", "RPCConfig",
     "Schedule", "Target", "TuningBudget", "UnsupportedModelError", "UnsupportedOperatorError", "Workload",
     "backend_devices", "backend_dtypes", "backend_names", "backend_version", "backends_running", "compare_frames", "compile", "device_lock", "export_onnx", "frame_target",
-    "get_backend", "host_cpu_info", "measure_callable", "measure_concurrent", "measure_frame", "measure_interleaved",
+    "emulated_dtypes", "get_backend", "host_cpu_info", "measure_callable", "measure_concurrent", "measure_frame", "measure_interleaved",
     "measure_model", "measure_untuned", "median_and_spread", "median_interval", "ort_session", "pinned", "ratio_interval",
     "register_backend", "schedules_for", "sum_interval", "threads_of", "torch_threads", "unregister_backend",
     "untuned_backend",

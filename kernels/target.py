@@ -64,6 +64,23 @@ def host_cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
     return CpuInfo(model, tuple(f for f in ISA_FEATURES if f in flags), flags)
 
 
+NATIVE_FLOAT16 = {"bf16": ("avx512_bf16", "amx_bf16", "bf16"), "fp16": ("avx512_fp16", "amx_fp16", "fphp")}
+"""CPU flags (x86 ``flags``, Arm ``Features``) that give a 16-bit float dtype arithmetic of its own; without one
+it is emulated through fp32, many times slower than fp32 itself."""
+
+
+def emulated_dtypes(device: str, cpu: CpuInfo | None = None) -> dict[str, str]:
+    """Dtype -> why it would only be emulated on ``device`` (a local CPU without the dtype's instructions).
+
+    Empty for a GPU and for a remote device, whose CPU this machine cannot see.
+    """
+    if device != "cpu":
+        return {}
+    cpu = cpu or host_cpu_info()
+    return {dtype: f"this CPU ({cpu.model}) has none of {', '.join(flags)}: {dtype} would run emulated"
+            for dtype, flags in NATIVE_FLOAT16.items() if not cpu.flags & set(flags)}
+
+
 @dataclass(frozen=True)
 class TuningBudget:
     """How much auto-tuning one candidate may cost: trials and/or wall seconds (0 / None: no limit on that axis).

@@ -187,7 +187,7 @@ def build_plan(
 ) -> RunPlan:
     """The plan of a run of ``spec`` under ``profile`` with the command's options (``None``: the spec's own).
 
-    ``say`` gets the notice when the spec's training device is missing here.
+    ``say`` gets the notices: the spec's training device missing here, dtypes the target would only emulate.
     """
     from qaopt.approx import KnobSpace, SearchLimits
     from qaopt.training import training_device
@@ -200,7 +200,11 @@ def build_plan(
     run_dir = (Path(out) if out is not None else Path(spec.output.dir)).resolve()
     target = _target(spec, prof)
     backend = None if target.backend == "auto" else target.backend.name
-    limits = SearchLimits(prof.max_prune_steps, prof.max_finetune_steps, backend)
+    emulated = kernels.emulated_dtypes(target.device)
+    asked = {d for name in spec.nns for d in (spec.knobs_for(name).get("quantization") or {}).get("dtypes", [])}
+    for dtype in sorted(asked & set(emulated)):
+        say(f"{dtype} left out of the search: {emulated[dtype]}")
+    limits = SearchLimits(prof.max_prune_steps, prof.max_finetune_steps, backend, tuple(sorted(emulated)))
     checks = spec.search.closed_loop
     return RunPlan(
         app=spec.app.name,

@@ -90,9 +90,18 @@ def combinations(probes: Sequence[Probe]) -> list[tuple[Probe, ...]]:
 
 def screen(units: Sequence[Unit], probes: Mapping[Unit, Sequence[Probe]],
            latency: Callable[[Unit, Probe], float]) -> Screening:
-    """Time each unit's reference and each of its probes alone (``latency(unit, probe)``, ``{}``: the reference)."""
+    """Time each unit's reference (``latency(unit, {})``) and each probe alone on the NNs that run alone.
+
+    A merged unit takes its lead's factors: it is the lead's backbone with a wider output layer, so only its
+    reference is timed (and the costly probes of a merged NN are never built unless the walk wants them).
+    """
     reference = {u: latency(u, {}) for u in units}
-    factors = {u: {_key(p): latency(u, p) / max(reference[u], 1e-9) for p in probes[u]} for u in units}
+    factors = {u: {_key(p): latency(u, p) / max(reference[u], 1e-9) for p in probes[u]}
+               for u in units if u.group is None}
+    for u in units:
+        if u.group is not None:
+            factors[u] = factors.get(Unit(u.nn)) or {
+                _key(p): latency(u, p) / max(reference[u], 1e-9) for p in probes[u]}
     return Screening(reference, factors)
 
 
@@ -144,6 +153,8 @@ def informed_trial(ctx: SearchContext, mode: str, region: ErrorRegion, note: Cal
     def latency(unit: Unit, probe: Probe) -> float:
         return ctx.quick(ctx.build_unit(unit, knobs_of(base[unit], [probe] if probe else [])))[0]
 
+    note(f"{mode}: timing {sum(len(p) for u, p in probes.items() if u.group is None)} probes on the reference NNs "
+         "(untuned, no fine-tuning) to choose the first trial")
     screening = screen(units, probes, latency)
 
     def feasible(choice: Mapping[Unit, tuple[Probe, ...]]) -> bool:
@@ -152,7 +163,9 @@ def informed_trial(ctx: SearchContext, mode: str, region: ErrorRegion, note: Cal
             candidates.update(ctx.build_unit(unit, knobs_of(full[unit], combo)))
         if any(c.nonfinite_outputs for c in candidates.values()):
             return False
-        return ctx.violation(mode, ctx.errors_of(candidates), candidates, region) <= 0
+        # The agnostic bound is each NN's own error; only the region needs the whole configuration's point.
+        errors = ctx.errors_of(candidates) if mode == "aware" else {}
+        return ctx.violation(mode, errors, candidates, region) <= 0
 
     found: list[tuple[float, dict[Unit, tuple[Probe, ...]]]] = []
     for merged in layouts:

@@ -55,10 +55,11 @@ def _line(path: Path, problem: str) -> str:
 
 
 def test_builtin_passes_in_order_with_their_knobs():
-    assert [p.name for p in passes()] == ["pruning", "lowrank", "quantization", "finetune"]
+    assert [p.name for p in passes()] == ["pruning", "lowrank", "resolution", "quantization", "finetune"]
     assert [p.name for p in passes("export")] == ["quantization"]
     assert set(Knobs().model_dump()) == {"prune_ratio", "importance", "round_to", "prune_steps", "per_layer",
-                                          "ladder_step", "ladder_finetune_steps", "rank_ratio", "dtype",
+                                          "ladder_step", "ladder_finetune_steps", "rank_ratio", "input_scale",
+                                          "input_align", "dtype",
                                           "finetune_steps", "finetune_lr", "finetune_batch_size", "seed"}
 
 
@@ -136,7 +137,7 @@ def test_sampling_follows_the_spec_and_the_profile_caps():
 
 def test_describe_gives_the_report_one_column_per_knob():
     assert describe({"prune_ratio": 0.5, "dtype": "int8", "finetune_steps": 160, "prune_steps": 2}) == {
-        "prune ratio": "0.50", "rank ratio": "1.00", "dtype": "int8", "fine-tune steps": "160"}
+        "prune ratio": "0.50", "rank ratio": "1.00", "input scale": "1", "dtype": "int8", "fine-tune steps": "160"}
 
 
 # ------------------------------------------------------------ a pass registered by a test

@@ -144,6 +144,46 @@ def test_load_artifacts_rebuilds_each_validated_nn(tiny_run, tmp_path):
         np.testing.assert_allclose(loaded, candidate.predict(x), rtol=1e-5, atol=1e-6)
 
 
+def test_exported_merged_and_resized_nns_reload_with_the_same_outputs(tiny_run, tmp_path):
+    """A merged, resized configuration exported as optimize exports it: load_artifacts gives each NN its head."""
+    import shutil
+
+    import torch
+
+    import qaopt
+    from qaopt.approx import Knobs
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.plan import MergePlan, build_plan
+    from qaopt.result import Result
+    from qaopt.search import SearchContext
+    from qaopt.spec import load_spec
+    from qaopt.stages.export import ARTIFACTS, export_configuration
+
+    spec_path, result = tiny_run
+    spec = load_spec(spec_path)
+    run = tmp_path / "runs"
+    shutil.copytree(spec_path.parent / "runs", run)
+    plan = build_plan(spec, result.profile)
+    plan = type(plan)(**{**vars(plan), "merge_groups": (MergePlan(("a", "b"), 30),)})
+    ctx = SearchContext(plan, plan.application.target_nns(plan.cache_dir), ErrorRegion.load(result.region))
+    knobs = Knobs(input_scale=0.5, input_align=4, finetune_steps=10)
+    views = ctx.build_merged(plan.merge_groups[0], knobs)
+    nns = {n: c.model_copy(update={"knobs": knobs.model_dump(mode="json"), "candidate": views[n].key,
+                                   "serves": ["a", "b"]}) for n, c in result.reference.nns.items()}
+    chosen = result.reference.model_copy(update={"nns": nns})
+    assert ctx.candidates(chosen)["b"].columns == (1,), "a stored configuration rebuilds its merged NN"
+    export_configuration(ctx, chosen, run / ARTIFACTS)
+    Result.load(run / "result.json").model_copy(update={"aware": chosen}).save(run / "result.json")
+
+    modules = qaopt.load_artifacts(run)
+    for name, view in views.items():
+        x = np.asarray(ctx.nns[name].data.x_val, np.float32)
+        assert x.shape[1:] == tuple(spec.nns[name].input_shape[1:]), "the artifact takes the full-size input"
+        with torch.inference_mode():
+            loaded = modules[name](torch.from_numpy(x)).float().numpy()
+        np.testing.assert_allclose(loaded, view.predict(x), rtol=1e-5, atol=1e-6)
+
+
 def test_validation_table_shows_means_worst_runs_and_counts(tiny_run):
     spec_path, result = tiny_run
     v = result.validations[0]

@@ -89,6 +89,8 @@ class SearchLimits:
     max_prune_steps: int | None = None
     max_finetune_steps: int | None = None
     backend: str | None = None
+    excluded_dtypes: tuple[str, ...] = ()
+    """Dtypes the target has no arithmetic for (emulated many times slower than fp32): never searched."""
 
 
 @dataclass

@@ -89,8 +89,9 @@ class QuantizationPass(ApproximationPass):
     stage = "export"
 
     def dtypes(self, config: QuantizationConfig | None, limits) -> list[str]:
-        """The spec's dtypes, less those the run's backend cannot run (fp32 if none is left)."""
-        dtypes = list((config or QuantizationConfig()).dtypes)
+        """The spec's dtypes, less those the target only emulates and those the run's backend cannot run (fp32 if
+        none is left)."""
+        dtypes = [d for d in (config or QuantizationConfig()).dtypes if d not in limits.excluded_dtypes]
         if limits.backend is not None:
             dtypes = [d for d in dtypes if limits.backend in RUNNABLE_ON[d]] or ["fp32"]
         return dtypes

@@ -1,0 +1,114 @@
+"""The knobs that spend an application's headroom: input resolution and merged NNs, built, measured and shipped."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from qaopt.approx import ErrorMetric, Knobs, TargetNN
+from qaopt.approx.merge import MergeGroup, OutputColumns, build_merged
+from qaopt.approx.resolution import InputResize
+from qaopt.kernels import onnx as onnx_toolchain
+from qaopt.seeding import Screening, Unit, combinations, walk
+from tests.test_approx_build import FAST, SHAPE, build, stripe_data, train_base
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[TargetNN, TargetNN]:
+    """Two NNs that read the same frames: the stripe's offset (degrees) and a ratio derived from it."""
+    data = stripe_data()
+    ratio = SimpleNamespace(**{**vars(data), "y_train": 0.5 + data.y_train / 100, "y_val": 0.5 + data.y_val / 100})
+    a = TargetNN("heading", train_base(data), data, SHAPE, ErrorMetric("l1", 0))
+    b = TargetNN("distance", train_base(ratio), ratio, SHAPE, ErrorMetric("l1", 0))
+    return a, b
+
+
+def test_a_resolution_candidate_resizes_inside_its_graph_and_takes_the_full_frame(pair, tmp_path):
+    heading = pair[0]
+    fp32 = build(heading, Knobs(input_scale=0.5, input_align=4, finetune_steps=20), cache_dir=tmp_path)
+    assert isinstance(fp32.module, InputResize) and fp32.module.size == (12, 16)
+    assert fp32.input_shape == SHAPE, "the candidate still takes the application's full-size frame"
+    assert fp32.macs < build(heading, Knobs(), cache_dir=tmp_path).macs / 3
+    truth = heading.data.y_val
+    assert fp32.error < 0.5 * np.abs(truth - truth.mean()).mean(), "distilled at the lower resolution, it still works"
+    int8 = build(heading, Knobs(input_scale=0.5, input_align=4, finetune_steps=20, dtype="int8"), cache_dir=tmp_path)
+    x = heading.data.x_val[:16]
+    assert int8.predict(x).shape == (16, 1)
+    np.testing.assert_allclose(int8.predict(x), fp32.predict(x), atol=0.3 * np.abs(fp32.predict(x)).max())
+
+
+def test_merged_views_carry_each_heads_own_error_on_its_own_data(pair, tmp_path):
+    group = MergeGroup(pair, finetune_steps=150)
+    views = build_merged(group, Knobs(), cache_dir=tmp_path, onnx=onnx_toolchain, recipe=FAST)
+    assert set(views) == {"heading", "distance"}
+    assert len({v.key for v in views.values()}) == 1, "one candidate serves both NNs"
+    assert all(v.serves == ("heading", "distance") for v in views.values())
+    assert views["heading"].columns == (0,) and views["distance"].columns == (1,)
+    for nn_ in pair:
+        view = views[nn_.name]
+        with torch.inference_mode():
+            whole = view.module(torch.from_numpy(nn_.data.x_val)).numpy()
+        assert whole.shape == (len(nn_.data.x_val), 2)
+        np.testing.assert_allclose(view.predict(nn_.data.x_val), whole[:, view.columns], rtol=1e-5, atol=1e-6)
+        assert view.error == pytest.approx(np.abs(whole[:, view.columns] - nn_.data.y_val).mean(), rel=1e-5)
+    # The new head learned its NN's outputs, in its own unit (a ratio's error, not the degrees').
+    ratio = pair[1].data.y_val
+    assert views["distance"].error < 0.5 * np.abs(ratio - ratio.mean()).mean()
+
+
+def test_a_merged_int8_graph_keeps_the_small_unit_head_accurate(pair, tmp_path):
+    """The output's columns are in different units: a single int8 scale on the output would erase the ratio."""
+    group = MergeGroup(pair, finetune_steps=150)
+    fp32 = build_merged(group, Knobs(), cache_dir=tmp_path, onnx=onnx_toolchain, recipe=FAST)
+    int8 = build_merged(group, Knobs(dtype="int8"), cache_dir=tmp_path, onnx=onnx_toolchain, recipe=FAST)
+    assert int8["distance"].error < 1.5 * fp32["distance"].error + 1e-3
+
+
+def test_merging_refuses_nns_of_different_inputs(pair):
+    a, b = pair
+    other = TargetNN("other", b.model, SimpleNamespace(**{**vars(b.data)}), SHAPE, ErrorMetric("l1", 0))
+    object.__setattr__(other, "input_shape", (1, 3, 12, 16))
+    with pytest.raises(Exception, match="inputs of different shapes"):
+        MergeGroup((a, other), finetune_steps=1)
+
+
+def test_output_columns_select_one_members_outputs():
+    merged = torch.nn.Linear(3, 4)
+    x = torch.randn(5, 3)
+    assert torch.equal(OutputColumns(merged, [1, 3])(x), merged(x)[:, [1, 3]])
+
+
+# ------------------------------------------------------------ informed first trials
+
+
+def test_combinations_take_at_most_one_probe_per_family():
+    probes = [{"dtype": "int8"}, {"dtype": "bf16"}, {"input_scale": 0.5}]
+    combos = combinations(probes)
+    assert () in combos and ({"dtype": "int8"}, {"input_scale": 0.5}) in combos
+    assert len(combos) == 3 * 2
+    assert not any(len([p for p in c if "dtype" in p]) > 1 for c in combos)
+
+
+def test_the_walk_stops_at_the_cheapest_feasible_option_within_its_budget():
+    tried = []
+
+    def feasible(option):
+        tried.append(option)
+        return option >= 3
+
+    options = [(float(o), o) for o in (5, 1, 4, 2, 3)]
+    assert walk(options, feasible) == 3 and tried == [1, 2, 3]
+    assert walk(options, feasible, budget=2) is None
+
+
+def test_estimates_multiply_the_probes_factors_and_slow_probes_are_flagged():
+    unit = Unit("heading")
+    screening = Screening({unit: 10.0}, {unit: {(("dtype", "int8"),): 0.3, (("input_scale", 0.5),): 0.25,
+                                                (("dtype", "bf16"),): 40.0}})
+    assert screening.estimate(unit, ({"dtype": "int8"}, {"input_scale": 0.5})) == pytest.approx(0.75)
+    assert screening.slower_everywhere({"dtype": "bf16"}) and not screening.slower_everywhere({"dtype": "int8"})

@@ -12,11 +12,12 @@ fastest dtype, merged. So each study starts from an informed trial:
 2. **Estimating.** A combination's latency is estimated as the unit's reference
    latency times each of its knobs' measured factors (a unit is an NN alone or a
    merged group). The estimate only orders the walk; trials measure the real figure.
-3. **Walking.** Combinations are built with the run's full fine-tuning budget, cheapest
-   estimate first, until one is inside the bounds: the region (application-aware; the
-   whole configuration is judged) or each NN's tolerance (application-agnostic; the
-   constraint is per NN, so each unit walks on its own). At most :data:`WALK_BUILDS`
-   builds per study; every candidate built here is cached and reused by the trials.
+3. **Walking.** Combinations, sorted by estimate, are built with the run's full
+   fine-tuning budget and bisected for the cheapest one inside the bounds: the region
+   (application-aware; the whole configuration is judged) or each NN's tolerance
+   (application-agnostic; the constraint is per NN, so each unit walks on its own). At
+   most :data:`WALK_BUILDS` builds per walk; every candidate built here is cached and
+   reused by the trials.
 
 The informed configuration is enqueued right after the reference; a probe the
 screening found slower than the reference on every unit is not tried as a trial.
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from qaopt.search import SearchContext
 
 WALK_BUILDS = 6
-"""Candidate configurations a study's walk builds at most before it gives up and leaves the search to sampling."""
+"""Candidate configurations a walk builds at most (bisection: enough for 64 combinations)."""
 
 Probe = Mapping[str, Any]
 
@@ -106,12 +107,24 @@ def screen(units: Sequence[Unit], probes: Mapping[Unit, Sequence[Probe]],
 
 
 def walk(options: Sequence[tuple[float, Any]], feasible: Callable[[Any], bool], budget: int = WALK_BUILDS) -> Any | None:
-    """The first of ``options`` (``(estimated ms, option)``, cheapest first) that ``feasible`` accepts, trying at most
-    ``budget``; ``None`` when none of those is."""
-    for _, option in sorted(options, key=lambda o: o[0])[:budget]:
-        if feasible(option):
-            return option
-    return None
+    """The cheapest of ``options`` (``(estimated ms, option)``) that ``feasible`` accepts, found by bisection over
+    the options sorted by estimate, trying at most ``budget``; ``None`` when none tried is.
+
+    Bisection assumes what costs less errs more (the cheaper, the more aggressive the knobs), so the feasible
+    options form the dearer end of the list; where that does not hold exactly it still returns a feasible
+    option, if not always the cheapest one.
+    """
+    ordered = [option for _, option in sorted(options, key=lambda o: o[0])]
+    best, lo, hi = None, 0, len(ordered) - 1
+    for _ in range(budget):
+        if lo > hi:
+            break
+        mid = (lo + hi) // 2
+        if feasible(ordered[mid]):
+            best, hi = ordered[mid], mid - 1
+        else:
+            lo = mid + 1
+    return best
 
 
 def merged_units(nns: Sequence[str], groups: Sequence[MergePlan], leads: Mapping[MergePlan, str],

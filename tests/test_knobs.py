@@ -94,16 +94,17 @@ def test_combinations_take_at_most_one_probe_per_family():
     assert not any(len([p for p in c if "dtype" in p]) > 1 for c in combos)
 
 
-def test_the_walk_stops_at_the_cheapest_feasible_option_within_its_budget():
+def test_the_walk_bisects_for_the_cheapest_feasible_option_within_its_budget():
     tried = []
 
     def feasible(option):
         tried.append(option)
-        return option >= 3
+        return option >= 6
 
-    options = [(float(o), o) for o in (5, 1, 4, 2, 3)]
-    assert walk(options, feasible) == 3 and tried == [1, 2, 3]
-    assert walk(options, feasible, budget=2) is None
+    options = [(float(o), o) for o in (9, 1, 4, 2, 3, 5, 6, 7, 8, 10, 11)]
+    assert walk(options, feasible) == 6
+    assert len(tried) <= 4 and tried[0] == 6, "bisection starts in the middle"
+    assert walk(options, feasible, budget=1) == 6 and walk(options, lambda o: False) is None
 
 
 def test_estimates_multiply_the_probes_factors_and_slow_probes_are_flagged():

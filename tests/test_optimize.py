@@ -86,7 +86,10 @@ def test_artifacts_are_deployable(tiny_run):
     for nn, files in result.artifacts.items():
         assert set(files) == {"module", "state_dict", "onnx", "compiled", "form"}
         form = json.loads(Path(files["form"]).read_text())["data"]
-        assert form == {"runs": "torch", "input_shape": [1, 1, 8, 8], "serves": [nn]}, "the tiny app's NNs are fp32"
+        serves = result.aware.nns[nn].serves or [nn]
+        columns = None if len(serves) == 1 else [serves.index(nn)]
+        assert form == {"runs": "torch", "input_shape": [1, 1, 8, 8], "serves": serves, "columns": columns}, (
+            "the tiny app's NNs are fp32; a merged one serves both NNs, each from its own output column")
         session = ort.InferenceSession(str(files["onnx"]), providers=["CPUExecutionProvider"])
         out = session.run(None, {"input": np.zeros((1, 1, 8, 8), np.float32)})[0]
         assert out.shape == (1, 1) and np.isfinite(out).all()
@@ -329,7 +332,7 @@ def _validation_ctx(spec_path: Path, cache_dir: Path, monkeypatch, fake_validati
     from qaopt.spec import load_spec
 
     class Unbuilt(SearchContext):
-        def build(self, name, knobs):
+        def build(self, name, knobs, serves=()):
             return SimpleNamespace(predict=None)
 
     monkeypatch.setattr(validation_stage, "validate_closed_loop", fake_validation)

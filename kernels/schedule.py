@@ -191,9 +191,17 @@ def _frame_call(compiled: Sequence[Any], schedule: Schedule, share: int | None) 
         yield frame
 
 
+UNTUNED_FIRST = ("onnxruntime",)
+"""Backends tried first for a quick untuned figure: ONNX Runtime compiles in about a second and runs every graph it
+can open on its own kernels, where torch eager was many times slower on an AVX2-only CPU (docs/BENCHMARKS.md,
+"Knobs"): an untuned figure on it ranks configurations by torch's overhead, not by their work."""
+
+
 def untuned_backend(workload: Workload, target: Target) -> BackendRef:
-    """The first backend that runs the model's dtype and can serve the target (torch, onnxruntime for int8, …)."""
+    """The first backend that runs the model's dtype and can serve the target: ONNX Runtime where it runs the model,
+    else the first the dtype's backends declare (torch, ...)."""
     names = workload.runnable_on or (("onnxruntime",) if is_onnx(workload.model) else ("torch",))
+    names = (*[n for n in UNTUNED_FIRST if n in names], *[n for n in names if n not in UNTUNED_FIRST])
     reasons = []
     for name in names:
         try:

@@ -61,7 +61,7 @@ def test_concurrent_measurement_follows_the_protocol(workloads, monkeypatch, tmp
     assert len(m.samples_ms) == QUICK.repeats and m.backend == "torch | torch" and m.threads == 1
 
 
-def test_untuned_measurement_takes_the_first_backend_of_the_dtype(workloads, monkeypatch, tmp_path):
+def test_untuned_measurement_takes_onnxruntime_else_the_first_backend_of_the_dtype(workloads, monkeypatch, tmp_path):
     monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
     onnx_path = kernels.export_onnx(workloads["a"].model, workloads["a"].example_inputs, tmp_path / "a.onnx")
     jobs = {"int8-like": Workload(onnx_path, workloads["a"].example_inputs, runnable_on=("onnxruntime",)),
@@ -69,7 +69,9 @@ def test_untuned_measurement_takes_the_first_backend_of_the_dtype(workloads, mon
                              runnable_on=("torch", "torch-compile", "onnxruntime", "tvm"))}
     target = Target(backend="auto", threads=1, tuning=kernels.TuningBudget(trials=64))
     frame = kernels.measure_untuned(jobs, target)
-    assert {n: m.backend for n, m in frame.models.items()} == {"int8-like": "onnxruntime", "fp32": "torch"}
+    assert {n: m.backend for n, m in frame.models.items()} == {"int8-like": "onnxruntime", "fp32": "onnxruntime"}
+    assert kernels.untuned_backend(Workload(workloads["b"].model, workloads["b"].example_inputs,
+                                            runnable_on=("torch", "tvm")), target).name == "torch"
     assert all(m.compiled.target.tuning.trials == 0 for m in frame.models.values())
     assert frame.latency_ms == pytest.approx(sum(m.measurement.median_ms for m in frame.models.values()))
     assert len(frame.models["fp32"].measurement.samples_ms) <= kernels.QUICK.repeats

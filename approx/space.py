@@ -105,9 +105,11 @@ class KnobSpace:
         return {f"{prefix}.{knob}": getattr(knobs, knob) for p in passes()
                 for knob, v in self._space(p, knobs).items() if isinstance(v, BaseDistribution)}
 
-    def probes(self) -> list[dict[str, Any]]:
-        """Settings worth trying alone on the reference NN before sampling (each dtype, ...)."""
-        return [probe for p in passes() for probe in p.probes(self.configs.get(p.name), self.limits)]
+    def probes(self, alone: bool = False) -> list[dict[str, Any]]:
+        """Settings worth trying on the reference NN before sampling (each dtype, each input scale, ...); ``alone``:
+        only those of passes whose probes are worth a trial of their own (``probe_alone``)."""
+        return [probe for p in passes() if p.probe_alone or not alone
+                for probe in p.probes(self.configs.get(p.name), self.limits)]
 
     def base(self, **overrides: Any) -> Knobs:
         """Knobs with the spec's fixed settings (importance, round_to, steps, ...) and the rest off, then ``overrides``."""

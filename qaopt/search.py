@@ -418,6 +418,13 @@ def run_study(
         informed = informed_trial(ctx, mode, region.current().region, events.note)
         if informed is not None:
             study.enqueue_trial(informed, skip_if_exists=True)
+    # Then each precision alone, no other knob: what accuracy-preserving compression tries first.
+    probes = {nn: spaces[nn].probes(alone=True) for nn in reference_knobs}
+    for probe in [dict(p) for p in dict.fromkeys(tuple(sorted(p.items())) for ps in probes.values() for p in ps)]:
+        changed = {f"{nn}.{knob}": value for nn, k in reference_knobs.items() if probe in probes[nn]
+                   for knob, value in probe.items() if getattr(k, knob) != value}
+        if changed:
+            study.enqueue_trial({**params, **changed}, skip_if_exists=True)
 
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
         on_done(study, trial)

@@ -53,7 +53,7 @@ def test_sweep_prints_one_row_per_value_and_reuses_the_cache(qaopt):
     assert first.exit_code == 0, first.output
     rows = [line for line in first.output.splitlines() if re.match(r"^│\s+0(\.5)?\s+│", line)]
     assert len(rows) == 2, first.output
-    assert "cache" not in rows[1] and "torch" in rows[0]
+    assert "cache" not in rows[1] and "onnxruntime" in rows[0]  # a quick untuned figure: ONNX Runtime where it runs
     again = qaopt("--nn", "heading", "--knob", "pruning", "--values", "0,0.5", "--no-latency")
     rows = [line for line in again.output.splitlines() if re.match(r"^│\s+0(\.5)?\s+│", line)]
     assert len(rows) == 2 and all(row.rstrip(" │").endswith("cache") for row in rows), again.output

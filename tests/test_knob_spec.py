@@ -28,7 +28,9 @@ def _reading(a: str | None = "camera", b: str | None = "camera", merge: list[str
 
     def edit(d):
         for name, source in (("a", a), ("b", b)):
-            if source is not None:
+            if source is None:
+                d["nns"][name].pop("input", None)
+            else:
                 d["nns"][name]["input"] = source
         d["search"]["merge"] = [{"nns": merge or ["a", "b"], "finetune_steps": 300}]
 

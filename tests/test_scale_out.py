@@ -146,7 +146,7 @@ def test_a_shipped_int8_nn_runs_its_bytes_in_kernels_session(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2).eval()
     path = kernels.export_onnx(model, [torch.rand(1, 3)], tmp_path / "nn.onnx")
-    shipped = pickle.loads(pickle.dumps(executor_module.ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=path))))
+    shipped = pickle.loads(pickle.dumps(executor_module.ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=path, columns=None))))
     path.unlink()  # the worker has only the bytes
     x = np.random.default_rng(0).random((5, 3), dtype=np.float32)
     np.testing.assert_allclose(shipped(x), model(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)

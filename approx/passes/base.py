@@ -141,6 +141,9 @@ class ApproximationPass:
     Knobs: ClassVar[type[PassKnobs]]
     """The knobs the pass sets on one candidate (flat names, unique across passes); the first one is swept by ``--knob <name>``."""
     stage: ClassVar[Stage] = "float"
+    probe_alone: ClassVar[bool] = False
+    """Whether each of the pass's probes is also worth a trial of its own on the reference NNs (each dtype: what
+    accuracy-preserving compression tries first), besides being a part of the informed first trial."""
 
     # ---- search
     def space(self, config: PassConfig | None, limits: SearchLimits, chosen: Any | None) -> dict[str, Any]:

@@ -87,6 +87,7 @@ class QuantizationPass(ApproximationPass):
     Config = QuantizationConfig
     Knobs = QuantizationKnobs
     stage = "export"
+    probe_alone = True
 
     def dtypes(self, config: QuantizationConfig | None, limits) -> list[str]:
         """The spec's dtypes, less those the target only emulates and those the run's backend cannot run (fp32 if

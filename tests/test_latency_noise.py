@@ -30,41 +30,46 @@ class ScriptedProbe:
         return Interference(others=self.shares[min(self.attempts, len(self.shares)) - 1], steal=0.0)
 
 
-def _measure(probe: ScriptedProbe, protocol: Protocol = FAST):
+def _measure(probe: ScriptedProbe, folder, protocol: Protocol = FAST):
+    """Measure with the interference the probe scripts and a machine at its best speed throughout.
+
+    The speed reference is scripted too: the real one times a kernel on this machine, and a busy CI host
+    would make it ask for retries these tests do not script.
+    """
     return measure_callable(lambda: None, backend="test", device="cpu", device_key="test-noise", threads=1,
-                            param_bytes=0, protocol=protocol, probe=probe)
+                            param_bytes=0, protocol=protocol, probe=probe, reference=ScriptedReference(folder, 1.0))
 
 
-def test_a_measurement_beside_a_cpu_bound_process_is_retried_then_flagged():
+def test_a_measurement_beside_a_cpu_bound_process_is_retried_then_flagged(tmp_path):
     probe = ScriptedProbe(0.9)  # another process held 90 % of the measured cores in every attempt
-    m = _measure(probe)
+    m = _measure(probe, tmp_path)
     assert probe.attempts == 1 + FAST.retries
     assert not m.trusted
     assert "other processes took 90%" in m.untrusted
     assert m.interference == pytest.approx(0.9)
 
 
-def test_a_retry_on_a_quiet_machine_clears_the_flag():
+def test_a_retry_on_a_quiet_machine_clears_the_flag(tmp_path):
     probe = ScriptedProbe(0.9, 0.0)
-    m = _measure(probe)
+    m = _measure(probe, tmp_path)
     assert probe.attempts == 2
     assert "other processes" not in m.untrusted
     assert m.interference == 0.0
 
 
-def test_a_quiet_measurement_is_taken_once():
+def test_a_quiet_measurement_is_taken_once(tmp_path):
     probe = ScriptedProbe(0.01)
-    m = _measure(probe)
+    m = _measure(probe, tmp_path)
     assert probe.attempts == 1 and "other processes" not in m.untrusted
     assert m.ci_ms[0] <= m.median_ms <= m.ci_ms[1] and m.epoch
 
 
-def test_the_hypervisor_stealing_the_cores_counts_as_interference():
+def test_the_hypervisor_stealing_the_cores_counts_as_interference(tmp_path):
     class Stolen(ScriptedProbe):
         def stop(self) -> Interference:
             return Interference(others=0.0, steal=0.5)
 
-    m = _measure(Stolen(0.0))
+    m = _measure(Stolen(0.0), tmp_path)
     assert not m.trusted and "hypervisor 50%" in m.untrusted
 
 

@@ -33,7 +33,9 @@ CPU_BACKENDS = (BackendRef("torch"), BackendRef("torch", "channels_last"), Backe
                 BackendRef("openvino"), BackendRef("tvm"))
 """Default for CPU targets. Inductor is left out: it took 25 s to compile a compact NavNet and ran it no faster
 than eager on this CPU (19.7 ms both); name it in ``backends`` to include it."""
-CUDA_BACKENDS = (BackendRef("torch"), BackendRef("torch-compile"))
+CUDA_BACKENDS = (BackendRef("torch"), BackendRef("torch-compile"), BackendRef("onnxruntime"))
+"""Default for CUDA targets: eager (cuDNN), Inductor replaying CUDA graphs (the plain name's mode on a GPU), and
+ONNX Runtime where its CUDA provider is installed (``onnxruntime-gpu``; recorded as unavailable otherwise)."""
 RPC_BACKENDS = (BackendRef("tvm"),)
 OUTCOMES_ARTIFACT, OUTCOMES_VERSION = "kernels-outcomes", 1
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol as TypingProtocol, runtime_checkable
 
 import numpy as np
 
-from .measure import Measurement, Protocol, measure_callable
+from .measure import Measurement, Protocol, SampleTimer, measure_callable
 from .model import Model, as_numpy
 from .target import Target
 
@@ -80,6 +80,10 @@ class LocalCompiled(abc.ABC):
     def _cuda_peak(self) -> Any:
         return None
 
+    def _timer(self) -> SampleTimer | None:
+        """A timer on the device for each sample (default: the host's clock)."""
+        return None
+
     def measure(self, protocol: Protocol = Protocol()) -> Measurement:
         with self._threads():
             return measure_callable(
@@ -92,5 +96,6 @@ class LocalCompiled(abc.ABC):
                 protocol=protocol,
                 sync=self._sync(),
                 cuda_peak=self._cuda_peak(),
+                timer=self._timer(),
                 extra={"compile_s": round(self.compile_seconds, 3)},
             )

@@ -11,12 +11,8 @@ from .auto import AutoBackend
 from .onnxruntime_backend import OnnxRuntimeBackend
 from .openvino_backend import OpenVinoBackend
 from .registry import register_backend
-from .torch_backends import CHANNELS_LAST, TorchBackend, TorchCompileBackend
+from .torch_backends import CHANNELS_LAST, COMPILE_MODES, TorchBackend, TorchCompileBackend
 from .tvm_backend import TvmBackend
-
-
-def _torch_compile(mode: str | None = None, **_: Any) -> TorchCompileBackend:
-    return TorchCompileBackend(mode)
 
 
 def _onnxruntime(**_: Any) -> OnnxRuntimeBackend:
@@ -34,7 +30,7 @@ def _openvino(**_: Any) -> OpenVinoBackend:
 # integer convolutions (docs/latency.md, "TVM and int8").
 register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST,), package="torch",
                  dtypes=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"))
-register_backend("torch-compile", _torch_compile, package="torch",
+register_backend("torch-compile", TorchCompileBackend.factory, variants=COMPILE_MODES, package="torch",
                  dtypes=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"))
 register_backend("onnxruntime", _onnxruntime, package="onnxruntime",
                  dtypes=("fp32", "int8"), devices=("cpu", "cuda"))

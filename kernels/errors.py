@@ -38,3 +38,15 @@ class BuildError(KernelsError):
 
 class MeasurementError(KernelsError):
     """Running or timing a compiled model failed (a crash, a lost remote device)."""
+
+
+def missing_engine(module: str, extra: str) -> str | None:
+    """Why a backend whose engine (the Python package ``module``) is not installed cannot run, or ``None``.
+
+    The engines are qaopt's extras, so the reason names the extra that brings the tested version.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return f"{module} is not installed; install it with: pip install 'qaopt[{extra}]'"

@@ -444,6 +444,19 @@ def _status_kb(key: str) -> int:
 # --------------------------------------------------------------------------- timing
 
 
+class SampleTimer(TypingProtocol):
+    """Times one sample on the device itself (CUDA events), where the host's clock would also count its queue.
+
+    ``start`` marks the sample's beginning in the device's stream; ``stop`` (after the
+    sample's calls and ``sync``) returns the milliseconds the device saw between the marks.
+    """
+
+    def start(self) -> None: ...
+
+    def stop(self) -> float: ...
+
+
+
 def measure_callable(
     call: Callable[[], Any],
     *,
@@ -459,6 +472,7 @@ def measure_callable(
     probe: InterferenceProbe | None = None,
     cores: Sequence[int] | None = None,
     reference: SpeedReference | None = None,
+    timer: SampleTimer | None = None,
 ) -> Measurement:
     """Time ``call`` (one inference on prepared inputs) under the protocol above.
 
@@ -467,16 +481,17 @@ def measure_callable(
     ``probe`` watches for interference (default on CPU: :class:`CpuLoadProbe` of
     the measured cores); ``cores`` are the cores to pin to (default on CPU:
     :func:`measurement_cores` of ``threads``; several models side by side need
-    the cores of all of them); ``reference`` times the machine's speed before and
-    after the samples (default on CPU: a :class:`SpeedReference` for these
-    cores). Any exception from ``call`` becomes a :class:`MeasurementError`
+    the cores of all of them; on a GPU: one core, for the thread that launches its
+    kernels); ``reference`` times the machine's speed before and
+    after the samples (default: a :class:`SpeedReference` for these
+    cores); ``timer`` times each sample on the device (default: the host's clock). Any exception from ``call`` becomes a :class:`MeasurementError`
     naming the backend.
     """
     sync = sync or (lambda: None)
     meter, note = energy_meter(device)
     resident = ResidentPeak()
     if cores is None:
-        cores = measurement_cores(threads) if device == "cpu" else ()
+        cores = measurement_cores(threads if device == "cpu" else 1) if device in ("cpu", "cuda") else ()
     if probe is None and cores:
         probe = CpuLoadProbe(cores)
     if reference is None and cores:
@@ -493,7 +508,7 @@ def measure_callable(
                 if attempt:
                     time.sleep(protocol.retry_wait_s)
                 before = reference.slowdown() if reference is not None else None
-                sampled = _sample(call, sync, number, protocol, meter, probe)
+                sampled = _sample(call, sync, number, protocol, meter, probe, timer)
                 after = reference.slowdown() if reference is not None else None
                 attempts.append(replace(sampled, slowdown=None if before is None else max(before, after)))
                 if not _spoiled(attempts[-1], protocol):
@@ -555,7 +570,7 @@ def _warm_up(call: Callable[[], Any], sync: Callable[[], None], protocol: Protoc
 
 
 def _sample(call: Callable[[], Any], sync: Callable[[], None], number: int, protocol: Protocol,
-            meter: EnergyMeter | None, probe: InterferenceProbe | None) -> _Attempt:
+            meter: EnergyMeter | None, probe: InterferenceProbe | None, timer: SampleTimer | None = None) -> _Attempt:
     """One attempt: ``repeats`` samples of ``number`` calls each, with the interference seen meanwhile."""
     deadline = time.perf_counter() + protocol.max_seconds
     samples: list[float] = []
@@ -564,10 +579,13 @@ def _sample(call: Callable[[], Any], sync: Callable[[], None], number: int, prot
         probe.start()
     for _ in range(protocol.repeats):
         start = time.perf_counter_ns()
+        if timer is not None:
+            timer.start()
         for _ in range(number):
             call()
         sync()
-        samples.append((time.perf_counter_ns() - start) / 1e6 / number)
+        elapsed_ms = timer.stop() if timer is not None else (time.perf_counter_ns() - start) / 1e6
+        samples.append(elapsed_ms / number)
         if time.perf_counter() > deadline and len(samples) >= 3:
             break
     interference = probe.stop() if probe is not None else None

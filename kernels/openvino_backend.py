@@ -21,12 +21,11 @@ from typing import Any
 import numpy as np
 
 from .backend import LocalCompiled
-from .errors import BuildError
+from .errors import BuildError, missing_engine
 from .model import Model, describe, is_onnx, model_dtype, module_of, param_bytes_of, unsupported
 from .onnx import export_onnx, onnx_param_bytes
 from .target import Target
 
-INSTALL_HINT = "install it with: pip install openvino==2026.4.1 (the version qaopt is tested with)"
 PRECISION = {"float32": "f32", "onnx": "f32", "bfloat16": "bf16"}
 """The inference precision OpenVINO runs each model dtype in (an ONNX file, fp32 or int8 QDQ, as given)."""
 
@@ -71,10 +70,9 @@ class OpenVinoBackend:
     name = "openvino"
 
     def unavailable_reason(self, target: Target) -> str | None:
-        try:
-            import openvino  # noqa: F401
-        except ImportError:
-            return f"openvino is not installed; {INSTALL_HINT}"
+        missing = missing_engine("openvino", "openvino")
+        if missing:
+            return missing
         if target.device != "cpu":
             return "qaopt runs OpenVINO on this machine's CPU only; use backend 'tvm' for remote devices"
         return None

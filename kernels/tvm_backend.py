@@ -15,6 +15,7 @@ import numpy as np
 
 from . import tuning
 from .backend import LocalCompiled
+from .errors import missing_engine
 from .measure import Protocol
 from .model import Model
 from .remote import RemoteTvmCompiled
@@ -76,8 +77,12 @@ class TvmBackend:
         self.tuner_options = tuner_options
 
     def unavailable_reason(self, target: Target) -> str | None:
+        missing = missing_engine("tvm", "tvm")
+        if missing:
+            return missing
         if target.device == "cuda":
-            return "this TVM build has no CUDA; use backend 'torch-compile' (max-autotune) on GPUs"
+            return ("qaopt builds TVM for CPUs (here or over RPC); on a GPU use 'torch-compile' (CUDA graphs) or "
+                    "'torch-compile[max-autotune]'")
         return None
 
     def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> Any:

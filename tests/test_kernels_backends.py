@@ -154,7 +154,7 @@ def test_backends_refuse_what_they_cannot_run(tiny, tmp_path):
         kernels.get_backend("torch").compile(tmp_path / "m.onnx", [x], Target())
     with pytest.raises(kernels.UnsupportedModelError, match="bf16"):
         kernels.get_backend("onnxruntime").compile(TinyNet().to(torch.bfloat16), [x], Target())
-    assert "no CUDA" in kernels.get_backend("tvm").unavailable_reason(Target(device="cuda"))
+    assert "torch-compile" in kernels.get_backend("tvm").unavailable_reason(Target(device="cuda"))
     with pytest.raises(kernels.BackendUnavailableError, match="no backend named 'tensorrt'"):
         kernels.get_backend("tensorrt")
 
@@ -259,3 +259,55 @@ def test_auto_recomputes_a_torn_or_stale_outcomes_file(tiny, tmp_path, monkeypat
         tried.clear()
         again = auto.compile(model, [x], Target(threads=1))
         assert tried == ["torch", "onnxruntime"] and [o.backend for o in again.outcomes] == ["torch", "onnxruntime"]
+
+
+class Centred(torch.nn.Module):
+    """Subtracts a buffer from its input, as a normalizing NN does: the op that met two devices on the GPU target."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.register_buffer("mean", torch.zeros(1, 3, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x - self.mean)
+
+
+def test_export_traces_a_module_with_inputs_on_its_own_device():
+    # On a CUDA target the compiled module sits on the GPU while the example inputs are numpy (the CPU): torch.export
+    # then failed with "found two different devices cpu, cuda:0". The meta device reproduces that on a CPU machine.
+    from qaopt.kernels.torch_backends import _exporter
+
+    module = Centred().eval().to("meta")
+    program = _exporter(module, [np.zeros((1, 3, 8, 8), np.float32)])()
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name == "x"]
+    assert placeholders and placeholders[0].meta["val"].device.type == "meta"
+
+
+def test_compiling_for_another_device_or_layout_leaves_the_callers_module_alone(tiny):
+    # nn.Module.to moves in place: a candidate compiled for the GPU (or NHWC) must stay as it was for export and
+    # validation, which read it after the measurement.
+    model, x, _ = tiny
+    before = model.c1.weight.data_ptr()
+    kernels.compile(model, [x], Target(threads=1, backend="torch[channels_last]"))
+    assert model.c1.weight.data_ptr() == before and model.c1.weight.is_contiguous()
+    assert model.c1.weight.device.type == "cpu"
+
+
+def test_cuda_graphs_are_a_gpu_mode_and_say_so_on_a_cpu():
+    reason = kernels.get_backend("torch-compile[reduce-overhead]").unavailable_reason(Target())
+    assert "CUDA graphs" in reason and "cuda" in reason
+    assert kernels.get_backend("torch-compile[max-autotune]").name == "torch-compile[max-autotune]"
+
+
+def test_a_device_timer_gives_the_samples():
+    class ScriptedTimer:  # a device that reports 3 ms for every sample, whatever the host's clock says
+        def start(self) -> None:
+            pass
+
+        def stop(self) -> float:
+            return 3.0
+
+    m = kernels.measure_callable(lambda: None, backend="test", device="cpu", device_key="test-timer", threads=1,
+                                 param_bytes=0, protocol=QUICK, timer=ScriptedTimer())
+    assert m.median_ms == pytest.approx(3.0 / m.number)

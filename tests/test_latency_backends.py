@@ -66,7 +66,7 @@ def test_a_missing_backend_named_in_the_spec_is_a_clear_error_with_the_install_h
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
     with pytest.raises(BackendUnavailableError) as err:
         kernels.compile(_net(), [X], Target.from_spec({"backend": "openvino", "threads": 1}))
-    assert "target.backend" in str(err.value) and "pip install openvino" in str(err.value)
+    assert "target.backend" in str(err.value) and "pip install 'qaopt[openvino]'" in str(err.value)
 
 
 def test_auto_skips_a_missing_backend_and_records_why(monkeypatch):
@@ -75,7 +75,7 @@ def test_auto_skips_a_missing_backend_and_records_why(monkeypatch):
     outcomes = {o.backend: o for o in compiled.outcomes}
     assert compiled.backend == "onnxruntime"
     assert outcomes["openvino"].measurement is None
-    assert "not installed" in outcomes["openvino"].error and "pip install openvino" in outcomes["openvino"].error
+    assert "not installed" in outcomes["openvino"].error and "qaopt[openvino]" in outcomes["openvino"].error
 
 
 def test_auto_measures_openvino_by_default_on_cpu():
@@ -100,3 +100,11 @@ def test_the_machine_key_names_the_cpu_its_features_and_threads():
     key = Target(threads=2).machine_key()
     assert key["model"] and key["threads"] == 2 and isinstance(key["isa"], list)
     assert kernels.backend_version("onnxruntime").startswith("onnxruntime==")
+
+
+def test_a_missing_tvm_is_one_line_naming_its_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tvm", None)  # as on an install without qaopt[tvm]
+    compiled = AutoBackend(backends=["onnxruntime", "tvm"], protocol=QUICK).compile(_net(), [X], Target(threads=1))
+    outcomes = {o.backend: o for o in compiled.outcomes}
+    assert compiled.backend == "onnxruntime"
+    assert outcomes["tvm"].error == "unavailable: tvm is not installed; install it with: pip install 'qaopt[tvm]'"

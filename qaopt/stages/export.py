@@ -75,14 +75,14 @@ def export_configuration(ctx: SearchContext, config: Configuration, folder: Path
     return out
 
 
-def load_artifacts(run_dir: str | Path, threads: int | None = None) -> dict[str, nn.Module]:
+def load_artifacts(run_dir: str | Path, threads: int | None = None, device: str = "cpu") -> dict[str, nn.Module]:
     """Every chosen NN of a finished ``qaopt optimize`` run, rebuilt from ``run_dir/artifacts`` in one call.
 
     Returns NN name -> torch module in eval mode, computing what closed-loop validation
     ran: fp32 and bf16 NNs are the pruned, fine-tuned modules themselves, in their dtype
-    (cast a bf16 NN's inputs to bfloat16); an int8 NN is an :class:`OnnxModule` that runs its int8 graph
-    ``model.onnx`` with ONNX Runtime on ``threads`` threads (its float origin is
-    ``.float_module``). ``module.pt`` is a pickle: the NN's class must import (the spec's
+    (cast a bf16 or fp16 NN's inputs to its dtype) on ``device`` (``"cuda"`` for a GPU target's NNs);
+    an int8 NN is an :class:`OnnxModule` that runs its int8 graph ``model.onnx`` with ONNX Runtime on
+    ``threads`` CPU threads (its float origin is ``.float_module``). ``module.pt`` is a pickle: the NN's class must import (the spec's
     folder is put on the import path, as for its entry points), and load only runs you trust.
     """
     run_dir = Path(run_dir).resolve()
@@ -98,7 +98,7 @@ def load_artifacts(run_dir: str | Path, threads: int | None = None) -> dict[str,
         if not (nn_dir / MODULE_FILE).exists():
             raise QaoptError(f"{nn_dir / MODULE_FILE}: missing; this run's artifacts predate it: run `qaopt optimize` "
                              "again (it resumes from the cache and writes them)")
-        module = torch.load(nn_dir / MODULE_FILE, weights_only=False, map_location="cpu").eval()
+        module = torch.load(nn_dir / MODULE_FILE, weights_only=False, map_location=device).eval()
         form = _form(nn_dir)
         if _runs(form, choice.knobs) == RUNS_ONNX:
             module = OnnxModule(nn_dir / ONNX_FILE, module, threads)

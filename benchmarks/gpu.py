@@ -1,0 +1,253 @@
+"""The GPU target, checked from outside qaopt: its chosen NNs timed independently, and the figures of docs/benchmarks/gpu.json.
+
+Four steps, the first three run on the GPU machine:
+
+``install --pip-log LOG --pip-status N --junit XML``
+    What installing qaopt with plain pip beside the machine's CUDA torch gave (the pip command
+    is the log's first line) and what the test suite's JUnit report says passed there.
+
+``quick RUN_DIR --seconds S``
+    Whether ``qaopt optimize --profile quick`` of a GPU spec finished: ``result.json``, the
+    report and every NN's artifacts present, and no failed trial in its Optuna studies.
+
+``latency RUN_DIR``
+    Each NN the run chose (``RUN_DIR/artifacts/<nn>/module.pt``, the bytes qaopt validated and
+    measured; a merged NN once) is timed here in every way one would run it at batch 1, each
+    in its own process (a compile can hang): eager, ``torch.compile`` default,
+    ``torch.compile(mode="reduce-overhead")``, a CUDA graph captured by hand from eager,
+    and, with ``--max-autotune``, Inductor's autotuning. A frame is one call followed by a
+    synchronize; a sample is 20 frames timed by CUDA events; the figure is the median of 30
+    samples after 50 warm-up frames. The record compares the best of them with the latency qaopt
+    reported for the NN (``result.json``): the issue's goal is qaopt within 1.2x of the best.
+
+``assemble``
+    Writes ``docs/benchmarks/gpu.json`` from the install check, the quick run and the latency
+    step's JSON (each written by a command on the device machine; see docs/BENCHMARKS.md, "GPU target").
+
+    python benchmarks/gpu.py install --pip-log pip.log --pip-status 0 --junit junit.xml --out $OUT/install.json
+    python benchmarks/gpu.py quick examples/runs/cropfollow-gpu --seconds 512 --out $OUT/quick.json
+    python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune]
+    python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_JSON = REPO / "docs" / "benchmarks" / "gpu.json"
+MODES = ("eager", "compile-default", "compile-reduce-overhead", "cuda-graph")
+AUTOTUNE = "compile-max-autotune"
+WARMUP, SAMPLES, FRAMES = 50, 30, 20
+MODE_TIMEOUT_S = 900
+GOAL = 1.2
+
+ONE = r"""
+import json, sys, statistics
+import torch
+
+path, shape, mode = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+module = torch.load(path, weights_only=False, map_location="cuda").eval()
+dtype = next(module.parameters()).dtype
+x = torch.rand(*shape, device="cuda", dtype=dtype)
+
+with torch.inference_mode():
+    if mode == "eager":
+        run = lambda: module(x)
+    elif mode.startswith("compile-"):
+        from torch._inductor import config
+        if hasattr(config, "autotune_num_choices_displayed"):
+            config.autotune_num_choices_displayed = 0
+        compiled = torch.compile(module, mode=mode[len("compile-"):])
+        run = lambda: compiled(x)
+    else:  # a CUDA graph captured by hand from eager, replayed per frame
+        static = x.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                module(static)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = module(static)
+        run = graph.replay
+    for _ in range(WARMUP):
+        run()
+        torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(SAMPLES):
+        begin.record()
+        for _ in range(FRAMES):
+            run()
+            torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) / FRAMES)
+print(json.dumps({"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples),
+                  "dtype": str(dtype).replace("torch.", "")}))
+""".replace("WARMUP", str(WARMUP)).replace("SAMPLES", str(SAMPLES)).replace("FRAMES", str(FRAMES))
+
+
+def _time_mode(module_path: Path, shape: list[int], mode: str) -> dict:
+    """One mode in a fresh process: its figure, or what went wrong (a timeout, a crash's last line)."""
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-c", ONE, str(module_path), json.dumps(shape), mode],
+                              capture_output=True, text=True, timeout=MODE_TIMEOUT_S, cwd=module_path.parent)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {MODE_TIMEOUT_S} s"}
+    seconds = round(time.perf_counter() - start, 1)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["exit status %d" % proc.returncode])[-1]
+        return {"error": tail, "seconds": seconds}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process_s": seconds}
+
+
+def install(pip_log: Path, pip_status: int, junit: Path, out: Path) -> dict:
+    """The install check: plain pip (no --no-deps, no --ignore-requires-python) and the tests that passed there."""
+    import xml.etree.ElementTree as ET
+
+    command = pip_log.read_text().splitlines()[0]
+    cases = ET.parse(junit).getroot().iter("testcase")
+    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
+    for case in cases:
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome["failed"].append(name)
+        elif case.find("skipped") is not None:
+            outcome["skipped"].append(name)
+        else:
+            outcome["passed"].append(name)
+    import torch
+
+    record = {"python": ".".join(platform.python_version_tuple()[:2]), "torch": torch.__version__,
+              "command": command, "plain_pip": pip_status == 0 and "--no-deps" not in command
+              and "--ignore-requires-python" not in command,
+              "tests_passed": len(outcome["passed"]), "tests_failed": len(outcome["failed"]),
+              "tests_skipped": len(outcome["skipped"]), "failed": outcome["failed"]}
+    _write(out, record)
+    return record
+
+
+def quick(run_dir: Path, seconds: float, out: Path) -> dict:
+    """Whether the quick run finished with its result, report and artifacts, and how many trials failed."""
+    import optuna
+
+    result_file = run_dir / "result.json"
+    result = json.loads(result_file.read_text()) if result_file.exists() else None
+    storage = f"sqlite:///{run_dir / 'study.db'}"
+    failed, trials = 0, 0
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        trials += len(study.trials)
+        failed += sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials)
+    chosen = list(result["aware"]["nns"]) if result and result.get("aware") else []
+    artifacts = all((run_dir / "artifacts" / nn / "module.pt").exists() for nn in chosen) and bool(chosen)
+    record = {"completed": bool(result) and (run_dir / "report.md").exists() and artifacts,
+              "failed_trials": failed, "trials": trials, "minutes": round(seconds / 60, 1),
+              "speedups": {k: v for k, v in result["speedups"].items() if k != "intervals"} if result else None,
+              "aware_accepted": bool(result and result.get("aware") and any(
+                  v["accepted"] and v["trial"] == result["aware"]["trial"] for v in result["validations"]))}
+    _write(out, record)
+    return record
+
+
+def _write(out: Path, record: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def latency(run_dir: Path, out: Path, max_autotune: bool) -> dict:
+    """Every chosen NN of ``run_dir`` timed in every mode, against the latency qaopt reported for it."""
+    result = json.loads((run_dir / "result.json").read_text())
+    aware = result["aware"]
+    modes = (*MODES, AUTOTUNE) if max_autotune else MODES
+    rows, seen = {}, {}
+    for name, choice in aware["nns"].items():
+        if choice["candidate"] in seen:  # a merged NN runs once per frame for all it serves
+            rows[name] = {**rows[seen[choice["candidate"]]], "same_as": seen[choice["candidate"]]}
+            continue
+        seen[choice["candidate"]] = name
+        nn_dir = run_dir / "artifacts" / name
+        form = json.loads((nn_dir / "artifact.json").read_text())
+        shape = form.get("input_shape") or form.get("data", {}).get("input_shape")
+        figures = {mode: _time_mode(nn_dir / "module.pt", shape, mode) for mode in modes}
+        timed = {m: f["median_ms"] for m, f in figures.items() if "median_ms" in f}
+        best_mode = min(timed, key=timed.get) if timed else None
+        rows[name] = {"knobs": choice["knobs"], "serves": choice.get("serves", []), "qaopt_backend": choice["backend"],
+                      "qaopt_ms": choice["latency_ms"], "modes": figures, "best_mode": best_mode,
+                      "best_ms": timed.get(best_mode), "latency_vs_best": (round(choice["latency_ms"] / timed[best_mode], 3)
+                                                                           if best_mode else None)}
+        print(f"{name}: qaopt {choice['backend']} {choice['latency_ms']:.3f} ms; "
+              + ", ".join(f"{m} {t:.3f}" for m, t in timed.items()), flush=True)
+    import torch
+
+    record = {"command": " ".join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
+              "protocol": {"warmup_frames": WARMUP, "samples": SAMPLES, "frames_per_sample": FRAMES,
+                           "frame": "one call, then torch.cuda.synchronize; CUDA events around each sample"},
+              "goal": f"qaopt's reported latency within {GOAL}x of the best mode", "nns": rows}
+    _write(out, record)
+    return record
+
+
+def assemble(install: Path, quick: Path, latency_json: Path, out: Path) -> dict:
+    """``gpu.json``: the keys the GPU issue asks for, each from the step that measured it, with its machine and date."""
+    inst, q, lat = (json.loads(p.read_text()) for p in (install, quick, latency_json))
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    record = {
+        "device": lat["gpu"],
+        "install": inst,
+        "quick": q,
+        "latency_vs_best": {nn: row["latency_vs_best"] for nn, row in lat["nns"].items()},
+        "latency": lat,
+        # the default-profile comparison (ResNet-18) is written by its own run; kept when this step re-runs
+        **({"resnet18": previous["resnet18"]} if "resnet18" in previous else {}),
+    }
+    _write(out, record)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    i = sub.add_parser("install", help="the install check's record")
+    i.add_argument("--pip-log", type=Path, required=True)
+    i.add_argument("--pip-status", type=int, required=True)
+    i.add_argument("--junit", type=Path, required=True)
+    i.add_argument("--out", type=Path, required=True)
+    q = sub.add_parser("quick", help="the quick run's record")
+    q.add_argument("run_dir", type=Path)
+    q.add_argument("--seconds", type=float, required=True)
+    q.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("latency", help="time the run's chosen NNs in every mode")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--max-autotune", action="store_true", help="also Inductor's max-autotune (minutes per NN)")
+    a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
+    a.add_argument("--install", type=Path, required=True)
+    a.add_argument("--quick", type=Path, required=True)
+    a.add_argument("--latency", type=Path, required=True)
+    a.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args()
+    if args.step == "install":
+        install(args.pip_log, args.pip_status, args.junit, args.out)
+    elif args.step == "quick":
+        quick(args.run_dir, args.seconds, args.out)
+    elif args.step == "latency":
+        latency(args.run_dir, args.out, args.max_autotune)
+    else:
+        assemble(args.install, args.quick, args.latency, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The GPU target on a real GPU: every dtype compiles, runs, is timed and exports on each CUDA backend.
+
+Skipped where torch sees no CUDA device (CI); run on the GPU machine (docs/BENCHMARKS.md, "GPU target").
+The CPU-side guarantees these rest on (export traces on the module's device, compiling leaves the
+caller's module where it was) are tested everywhere in ``test_kernels_backends.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qaopt import kernels
+from qaopt.kernels import Protocol, Target
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+QUICK = Protocol(warmup=3, repeats=5, min_sample_ms=1.0, max_seconds=5.0)
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Centred(torch.nn.Module):
+    """Normalizes by a buffer, convolves, pools: the op (``x - mean``) that met two devices at export."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.full((1, 3, 1, 1), 0.5))
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x - self.mean)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-compile"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_each_dtype_compiles_runs_is_timed_and_exports_on_cuda(backend, dtype, tmp_path):
+    torch.manual_seed(0)
+    model = Centred().eval()
+    x = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
+    expected = model(torch.from_numpy(x)).detach().numpy()
+    candidate = model.to(DTYPES[dtype])
+    compiled = kernels.compile(candidate, [x], Target(device="cuda", threads=1, backend=backend))
+    assert next(candidate.parameters()).device.type == "cpu"  # the caller's candidate stays where it was
+    out = compiled.run(x)[0]
+    assert np.allclose(out.astype(np.float32), expected, atol=0.05 if dtype != "fp32" else 1e-3)
+    m = compiled.measure(QUICK)
+    assert m.device == "cuda" and 0 < m.median_ms < 50 and m.extra["attempts"] >= 1
+    if backend == "torch":  # Inductor's ahead-of-time package takes a minute per dtype: exported once below
+        assert compiled.export(tmp_path / "nn").exists()
+
+
+def test_cuda_graphs_export_ahead_of_time(tmp_path):
+    model = Centred().eval()
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    compiled = kernels.compile(model, [x], Target(device="cuda", threads=1, backend="torch-compile"))
+    assert compiled.backend == "torch-compile" and compiled.compile_seconds > 0
+    assert compiled.export(tmp_path / "nn").suffix == ".pt2"
+
+
+def test_auto_on_cuda_records_every_backend():
+    model = Centred().eval()
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    compiled = kernels.AutoBackend(protocol=QUICK).compile(model, [x], Target(device="cuda", threads=1))
+    outcomes = {o.backend: o for o in compiled.outcomes}
+    assert {"torch", "torch-compile", "onnxruntime"} <= set(outcomes)
+    assert outcomes["torch"].measurement is not None and outcomes["torch-compile"].measurement is not None
+    assert compiled.backend in ("torch", "torch-compile", "onnxruntime")

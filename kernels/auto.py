@@ -35,6 +35,8 @@ CPU_BACKENDS = (BackendRef("torch"), BackendRef("torch", "channels_last"), Backe
 than eager on this CPU (19.7 ms both); name it in ``backends`` to include it."""
 CUDA_BACKENDS = (BackendRef("torch"), BackendRef("torch-compile"))
 RPC_BACKENDS = (BackendRef("tvm"),)
+DEVICE_BACKENDS: dict[str, tuple[BackendRef, ...]] = {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}
+"""What ``auto`` measures on each device unless it is given its own list."""
 OUTCOMES_ARTIFACT, OUTCOMES_VERSION = "kernels-outcomes", 1
 
 
@@ -122,7 +124,7 @@ class AutoBackend:
         return None
 
     def _refs(self, target: Target) -> tuple[BackendRef, ...]:
-        refs = self.backends or {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}[target.device]
+        refs = self.backends or DEVICE_BACKENDS[target.device]
         if self.runnable_on is None:
             return refs
         kept = tuple(r for r in refs if r.name in self.runnable_on)

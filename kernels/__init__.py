@@ -85,7 +85,8 @@ from .schedule import (
     threads_of,
     untuned_backend,
 )
-from .target import CpuInfo, RPCConfig, Target, TuningBudget, emulated_dtypes, host_cpu_info
+from .runnable import Unrunnable, target_backends, unrunnable_dtypes
+from .target import CpuInfo, RPCConfig, Target, TuningBudget, emulated_dtypes, host_cpu_info, missing_device
 from .torch_backends import torch_threads
 
 __all__ = [
@@ -93,10 +94,10 @@ __all__ = [
     "AutoBackend", "AutoCompiled", "Backend", "BackendRef", "BackendUnavailableError", "BuildError", "Compiled",
     "CpuInfo", "CpuLoadProbe", "FrameMeasurement", "Interference", "InterferenceProbe", "KernelsError", "LocalCompiled",
     "MeasuredModel", "Measurement", "MeasurementError", "OpenVinoBackend", "Outcome", "Protocol", "RPCConfig",
-    "Schedule", "Target", "TuningBudget", "UnsupportedModelError", "UnsupportedOperatorError", "Workload",
+    "Schedule", "Target", "TuningBudget", "Unrunnable", "UnsupportedModelError", "UnsupportedOperatorError", "Workload",
     "backend_devices", "backend_dtypes", "backend_names", "backend_version", "backends_running", "compare_frames", "compile", "device_lock", "export_onnx", "frame_target",
     "emulated_dtypes", "get_backend", "host_cpu_info", "measure_callable", "measure_concurrent", "measure_frame", "measure_interleaved",
-    "measure_model", "measure_untuned", "median_and_spread", "median_interval", "ort_session", "pinned", "ratio_interval",
-    "register_backend", "schedules_for", "sum_interval", "threads_of", "torch_threads", "unregister_backend",
-    "untuned_backend",
+    "measure_model", "measure_untuned", "median_and_spread", "median_interval", "missing_device", "ort_session", "pinned", "ratio_interval",
+    "register_backend", "schedules_for", "sum_interval", "target_backends", "threads_of", "torch_threads",
+    "unregister_backend", "unrunnable_dtypes", "untuned_backend",
 ]

@@ -37,6 +37,8 @@ CUDA_BACKENDS = (BackendRef("torch"), BackendRef("torch-compile"), BackendRef("o
 """Default for CUDA targets: eager (cuDNN), Inductor replaying CUDA graphs (the plain name's mode on a GPU), and
 ONNX Runtime where its CUDA provider is installed (``onnxruntime-gpu``; recorded as unavailable otherwise)."""
 RPC_BACKENDS = (BackendRef("tvm"),)
+DEVICE_BACKENDS: dict[str, tuple[BackendRef, ...]] = {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}
+"""What ``auto`` measures on each device unless it is given its own list."""
 OUTCOMES_ARTIFACT, OUTCOMES_VERSION = "kernels-outcomes", 1
 
 
@@ -124,7 +126,7 @@ class AutoBackend:
         return None
 
     def _refs(self, target: Target) -> tuple[BackendRef, ...]:
-        refs = self.backends or {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}[target.device]
+        refs = self.backends or DEVICE_BACKENDS[target.device]
         if self.runnable_on is None:
             return refs
         kept = tuple(r for r in refs if r.name in self.runnable_on)

@@ -152,9 +152,11 @@ def backend_names() -> list[str]:
     return sorted(str(BackendRef(name, v)) for name, entry in _REGISTRY.items() for v in (None, *entry.variants))
 
 
-def backends_running(dtype: str) -> tuple[str, ...]:
-    """The backends (plain names, in registration order) that declare kernels for ``dtype``."""
-    return tuple(name for name, entry in _REGISTRY.items() if dtype in entry.dtypes)
+def backends_running(dtype: str, device: str | None = None) -> tuple[str, ...]:
+    """The backends (plain names, in registration order) that declare kernels for ``dtype`` (and serve ``device``,
+    when one is given)."""
+    return tuple(name for name, entry in _REGISTRY.items()
+                 if dtype in entry.dtypes and (device is None or device in entry.devices))
 
 
 def backend_dtypes(ref: str | BackendRef) -> tuple[str, ...]:

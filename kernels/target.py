@@ -81,6 +81,22 @@ def emulated_dtypes(device: str, cpu: CpuInfo | None = None) -> dict[str, str]:
             for dtype, flags in NATIVE_FLOAT16.items() if not cpu.flags & set(flags)}
 
 
+def missing_device(device: str) -> str | None:
+    """Why this machine cannot serve ``device`` (``None`` when it can), so a run fails before it spends anything.
+
+    Only a CUDA target is checked: its kernels need a GPU this torch sees. A remote
+    device answers only when a backend connects to it.
+    """
+    if device != "cuda":
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    why = "built without CUDA" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}, no GPU or driver"
+    return f"torch sees no CUDA GPU here (torch {torch.__version__}, {why})"
+
+
 @dataclass(frozen=True)
 class TuningBudget:
     """How much auto-tuning one candidate may cost: trials and/or wall seconds (0 / None: no limit on that axis).

@@ -31,6 +31,7 @@ from qaopt.calibrate import (
 )
 from qaopt.profiles import Profile, get_profile
 from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, make_evaluator
+from qaopt.target_fit import LeftOut, fit_target
 
 AGNOSTIC_TOLERANCE = 0.02
 """Accuracy-preserving compression may lose this much relative NN error (measurement noise)."""
@@ -153,9 +154,11 @@ class RunPlan:
     calibration_budget: int
     region_file: Path | None
     target: kernels.Target
+    left_out: tuple[LeftOut, ...]
+    """Dtypes the spec lists that the target cannot run, left out of every knob space (each says why)."""
     train_device: str
     knob_spaces: Mapping[str, Any]
-    """NN -> its :class:`qaopt.approx.KnobSpace` under the profile's caps and the target's backend."""
+    """NN -> its :class:`qaopt.approx.KnobSpace` under the profile's caps, less what the target cannot run."""
     merge_groups: tuple[MergePlan, ...]
     closed_loop: ClosedLoopPlan
     validation_runs: int
@@ -187,7 +190,8 @@ def build_plan(
 ) -> RunPlan:
     """The plan of a run of ``spec`` under ``profile`` with the command's options (``None``: the spec's own).
 
-    ``say`` gets the notices: the spec's training device missing here, dtypes the target would only emulate.
+    ``say`` gets the notices: the spec's training device missing here, dtypes the target cannot run
+    (:func:`qaopt.target_fit.fit_target`, which refuses a target this machine lacks before anything runs).
     """
     from qaopt.approx import KnobSpace, SearchLimits
     from qaopt.training import training_device
@@ -198,13 +202,10 @@ def build_plan(
     if calibration_budget is not None:
         prof = prof.model_copy(update={"calibration_budget": calibration_budget})
     run_dir = (Path(out) if out is not None else Path(spec.output.dir)).resolve()
-    target = _target(spec, prof)
-    backend = None if target.backend == "auto" else target.backend.name
-    emulated = kernels.emulated_dtypes(target.device)
-    asked = {d for name in spec.nns for d in (spec.knobs_for(name).get("quantization") or {}).get("dtypes", [])}
-    for dtype in sorted(asked & set(emulated)):
-        say(f"{dtype} left out of the search: {emulated[dtype]}")
-    limits = SearchLimits(prof.max_prune_steps, prof.max_finetune_steps, backend, tuple(sorted(emulated)))
+    left_out = fit_target(spec)
+    for value in left_out:
+        say(str(value))
+    limits = SearchLimits(prof.max_prune_steps, prof.max_finetune_steps, tuple(v.dtype for v in left_out))
     checks = spec.search.closed_loop
     return RunPlan(
         app=spec.app.name,
@@ -219,7 +220,8 @@ def build_plan(
         seed=spec.search.seed,
         calibration_budget=spec.calibration.budget if prof.calibration_budget is None else prof.calibration_budget,
         region_file=Path(region).resolve() if region is not None else None,
-        target=target,
+        target=_target(spec, prof),
+        left_out=left_out,
         train_device=training_device(spec.training, say),
         knob_spaces={name: KnobSpace.from_section(spec.knobs_for(name), limits, nn=name) for name in spec.nns},
         merge_groups=tuple(MergePlan(tuple(g.nns), g.finetune_steps) for g in spec.search.merge),

@@ -89,6 +89,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
         lines += ["### Closed-loop checks during the search", "", CHECKS_NOTE, "", _validation_table(checks), ""]
     lines += ["### Region fidelity", "", _fidelity(result.fidelity), ""]
     lines += ["## Search", "", f"![Pareto front]({pareto.name})", "", PARETO_NOTE, ""]
+    if result.left_out:
+        lines += ["Left out of the search (the target cannot run them):", ""] + [f"- {v}" for v in result.left_out] + [""]
     lines += ["| study | complete | feasible | failed |", "|---|---|---|---|"]
     for mode, s in result.studies.items():
         lines.append(f"| {mode} | {s.trials_complete} | {s.trials_feasible} | {s.trials_failed} |")

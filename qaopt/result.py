@@ -307,6 +307,9 @@ class Result(_Model):
     fidelity: Fidelity = Field(description="the region's agreement with closed-loop truth in this run")
     studies: dict[str, StudySummary]
     tuning: dict[str, Any] = Field(default_factory=dict)
+    left_out: list[str] = Field(default_factory=list, description=(
+        "knob values the spec lists that the target cannot run, left out of the search before its first trial, "
+        "each with why and the fix"))
     region: Path
     region_note: str = Field("", description="how the region was obtained: reused, calibrated, or what it replaced")
     report: Path

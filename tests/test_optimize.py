@@ -215,6 +215,30 @@ def test_rerun_resumes_without_repeating_work(tiny_run, monkeypatch):
     assert again.speedups.intervals["aware"].verdict != "not comparable"
 
 
+def test_a_dtype_no_backend_of_the_target_runs_is_left_out_not_a_failed_trial(tiny_run, monkeypatch):
+    """As int8 on a CUDA target, whose auto backends (torch, torch-compile) run none: the CPU's auto list is cut to
+    torch here. Before the search left it out, such trials died as Optuna 'Trial failed' tracebacks (issue #32)."""
+    from qaopt.kernels import BackendRef, auto
+
+    spec, first = tiny_run
+    monkeypatch.setitem(auto.DEVICE_BACKENDS, "cpu", (BackendRef("torch"),))
+    data = yaml.safe_load(spec.read_text())
+    data["target"]["backend"] = "auto"
+    data["approximations"]["all"]["quantization"]["dtypes"] = ["fp32", "int8"]
+    data["output"]["dir"] = "runs-int8"
+    path = spec.with_name("int8.yaml")  # beside the module's spec: its cache serves the reference NNs
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    said = io.StringIO()
+    result = optimize(path, profile="quick", trials=4, region=first.region, quiet=True,
+                      console=Console(file=said, width=1000, log_time=False, log_path=False))
+    line = ("int8 left out of the search: no backend here runs int8 on cpu (backends: torch); declare one "
+            "(docs/extending.md, 'Adding a backend') or drop int8 from approximations.all.quantization.dtypes")
+    assert line in [said_line.rstrip() for said_line in said.getvalue().splitlines()]
+    assert result.left_out == [line] and f"- {line}" in result.report.read_text()
+    assert all(s.trials_failed == 0 for s in result.studies.values()), [s.failures for s in result.studies.values()]
+    assert not any(v == "int8" for s in result.studies.values() for t in s.trials for v in t.params.values())
+
+
 def test_killed_run_resumes_without_repeating_finished_trials(tmp_path, monkeypatch):
     spec = _spec(tmp_path / "killed")
     db = tmp_path / "killed" / "runs" / "study.db"

@@ -41,6 +41,7 @@ from qaopt.calibrate.region import Observation
 from qaopt.kernels import backend_devices, backends_running, unregister_backend
 from qaopt.region_calibration import build_calibration, calibrate_spec
 from qaopt.spec import load_spec
+from qaopt.target_fit import fit_target
 
 TESTS = Path(__file__).resolve().parent
 TINY = TESTS / "apps" / "tiny.yaml"
@@ -209,15 +210,17 @@ def test_a_backend_registered_by_a_plugin_runs_the_dtypes_it_declares(plugins, t
     spec = load_spec(_spec(tmp_path, edit))
     assert "toy-npu" in RUNNABLE_ON["int8"] and "toy-npu" not in RUNNABLE_ON["bf16"]
     assert backend_devices("toy-npu") == ("cpu",)
-    # The search's knob space on the toy backend keeps int8 and drops bf16, which it does not run.
-    space = KnobSpace.from_section(spec.knobs_for("a"), SearchLimits(backend=str(spec.target.backend)))
+    # The search on the toy backend keeps int8 and leaves out bf16, which it does not run.
+    (left_out,) = fit_target(spec)
+    assert str(left_out).startswith("bf16 left out of the search: no backend here runs bf16 on cpu (backends: toy-npu)")
+    space = KnobSpace.from_section(spec.knobs_for("a"), SearchLimits(excluded_dtypes=(left_out.dtype,)))
     assert space.choices("dtype") == ["fp32", "int8"]
     Knobs(dtype="int8").check("a", "toy-npu")
     with pytest.raises(ApproxError, match="bf16 has no kernels on backend 'toy-npu'"):
         Knobs(dtype="bf16").check("a", "toy-npu")
-    # On torch, which declares no int8, int8 is dropped instead.
-    torch_space = KnobSpace.from_section(spec.knobs_for("a"), SearchLimits(backend="torch"))
-    assert torch_space.choices("dtype") == ["fp32", "bf16"]
+    # On torch, which declares no int8, int8 is left out instead.
+    on_torch = spec.model_copy(update={"target": spec.target.model_copy(update={"backend": "torch"})})
+    assert "int8" in {v.dtype for v in fit_target(on_torch)}
 
 
 def test_a_device_the_backend_does_not_declare_is_a_located_error(tmp_path):

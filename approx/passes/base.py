@@ -81,16 +81,16 @@ def span(lo: float, hi: float, step: float | None = None) -> Any:
 
 @dataclass(frozen=True)
 class SearchLimits:
-    """Caps a run puts on every NN's space (from its profile), and the backend candidates must run on.
+    """Caps a run puts on every NN's space (from its profile), and the dtypes its target cannot run.
 
-    ``None`` keeps the spec's own value; ``backend`` ``None`` means any (``auto``).
+    ``None`` keeps the spec's own value.
     """
 
     max_prune_steps: int | None = None
     max_finetune_steps: int | None = None
-    backend: str | None = None
     excluded_dtypes: tuple[str, ...] = ()
-    """Dtypes the target has no arithmetic for (emulated many times slower than fp32): never searched."""
+    """Dtypes no backend of the target runs on its device, or that it would only emulate: never searched. The
+    composing run decides them, from the backends' declarations (``qaopt.target_fit``)."""
 
 
 @dataclass

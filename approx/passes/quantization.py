@@ -90,12 +90,8 @@ class QuantizationPass(ApproximationPass):
     probe_alone = True
 
     def dtypes(self, config: QuantizationConfig | None, limits) -> list[str]:
-        """The spec's dtypes, less those the target only emulates and those the run's backend cannot run (fp32 if
-        none is left)."""
-        dtypes = [d for d in (config or QuantizationConfig()).dtypes if d not in limits.excluded_dtypes]
-        if limits.backend is not None:
-            dtypes = [d for d in dtypes if limits.backend in RUNNABLE_ON[d]] or ["fp32"]
-        return dtypes
+        """The spec's dtypes, less those the target cannot run (the run refuses a list with none left)."""
+        return [d for d in (config or QuantizationConfig()).dtypes if d not in limits.excluded_dtypes]
 
     def space(self, config, limits, chosen) -> dict[str, Any]:
         # Always searched, even over one dtype, so every trial names its dtype.

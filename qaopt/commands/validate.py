@@ -32,11 +32,18 @@ def validate(
     constructed, which checks its params, then checked with a few short runs: its
     methods and their signatures, the types it returns, the QoS metric in every
     record, the same result for the same seeds, and NN names that match the spec's.
-    Each NN is loaded with its data and one sample is run through it. Exits 0 when
+    Each NN is loaded with its data and one sample is run through it. The target is
+    held against this machine and the registered backends: a CUDA target without a GPU
+    here, or an NN's dtype list with nothing the target runs, is refused; a dtype the
+    target cannot run is named in a note (the search leaves it out). Exits 0 when
     all is sound; otherwise prints one line per problem (file:line:column: field:
     what is wrong) and exits 2.
     """
     app_spec = load_spec(spec, check_entry_points=imports)
+    from qaopt.target_fit import fit_target  # qaopt.kernels: the backends' declarations
+
+    for value in fit_target(app_spec):
+        typer.echo(f"note: {value}", err=True)
     axes = ", ".join(a.key for a in app_spec.calibration.space)
     checked = ""
     sim = app_spec.evaluator.simulator

@@ -59,6 +59,7 @@ class ReportStage(BaseStage):
                                  studies["aware"].closed_loop_checks),
             studies=studies,
             tuning={"trials_per_candidate": target.tuning.trials, "seconds_per_candidate": target.tuning.seconds},
+            left_out=[str(value) for value in plan.left_out],
             region=calibrated.choice.path,
             region_note=calibrated.choice.note,
             report=plan.run_dir / REPORT_FILE,

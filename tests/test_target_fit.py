@@ -1,0 +1,76 @@
+"""What the target cannot run is refused or left out before anything runs (qaopt.target_fit, kernels.runnable).
+
+The run that shows no trial fails for it is in tests/test_optimize.py (it reuses that file's run of the tiny app).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specs import line_of, one_error, run_qaopt, tiny_spec
+
+from qaopt import kernels
+from qaopt.kernels import BackendRef, CpuInfo, Target
+
+NO_FLOAT16 = CpuInfo("test CPU", (), frozenset())
+"""A CPU with no 16-bit float arithmetic: bf16 and fp16 are only emulated on it."""
+BF16_CPU = CpuInfo("test CPU", ("avx512_bf16",), frozenset({"avx512_bf16"}))
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no CUDA GPU")
+
+
+@pytest.fixture
+def toy_gpu():
+    """A backend that declares int8 on CUDA only, as a plugin's TensorRT-like runtime would."""
+    kernels.register_backend("toy-gpu", lambda **_: kernels.get_backend("torch"), dtypes=("fp32", "int8"),
+                             devices=("cuda",))
+    yield "toy-gpu"
+    kernels.unregister_backend("toy-gpu")
+
+
+def test_a_dtype_is_runnable_where_a_backend_of_the_target_declares_it_on_its_device(toy_gpu):
+    dtypes = ("fp32", "bf16", "fp16", "int8")
+    on_cuda = kernels.unrunnable_dtypes(Target(device="cuda"), dtypes)
+    backends = ", ".join(map(str, kernels.target_backends(Target(device="cuda"))))
+    assert set(on_cuda) == {"int8"} and not on_cuda["int8"].emulated  # auto's CUDA backends run no int8
+    assert on_cuda["int8"].reason == f"no backend here runs int8 on cuda (backends: {backends})"
+    # A variant is what its backend declares; a backend named in target.backend is the only one.
+    channels_last = kernels.unrunnable_dtypes(Target(backend=BackendRef("torch", "channels_last")), dtypes, BF16_CPU)
+    assert set(channels_last) == {"fp16", "int8"} and channels_last["fp16"].emulated
+    assert "int8" not in kernels.unrunnable_dtypes(Target(device="cuda", backend=toy_gpu), dtypes)
+    # toy-gpu declares cuda only: on a CPU it runs nothing, whatever its dtypes.
+    assert set(kernels.unrunnable_dtypes(Target(backend=toy_gpu), dtypes)) == set(dtypes)
+    # A CPU without 16-bit float arithmetic: declared, but only emulated.
+    emulated = kernels.unrunnable_dtypes(Target(), dtypes, NO_FLOAT16)
+    assert set(emulated) == {"bf16", "fp16"} and all(u.emulated for u in emulated.values())
+
+
+@NO_GPU
+@pytest.mark.parametrize("command", ["validate", "optimize"])
+def test_a_cuda_target_without_a_gpu_is_refused_before_anything_runs(tmp_path, capsys, command):
+    path = tiny_spec(tmp_path, lambda d: d["target"].update(device="cuda"))
+    error = one_error(capsys, path, command, *(["--no-imports"] if command == "validate" else ["--profile", "quick"]))
+    assert line_of(path, error).strip() == "device: cuda"
+    assert error.endswith(f"target.device: 'cuda', but torch sees no CUDA GPU here (torch {torch.__version__}, "
+                          "built without CUDA): run on a machine with an NVIDIA GPU or set target.device: cpu")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()  # nothing calibrated, nothing built
+
+
+def test_validate_refuses_a_dtype_list_the_target_runs_nothing_of(tmp_path, capsys):
+    def only_int8(d):  # the tiny app's target is torch on the CPU: no int8 kernels
+        d["approximations"]["b"] = {"quantization": {"dtypes": ["int8"]}}
+
+    path = tiny_spec(tmp_path, only_int8)
+    error = one_error(capsys, path, "validate", "--no-imports")
+    assert line_of(path, error).strip().startswith("dtypes:")
+    assert ("approximations.b.quantization.dtypes: nothing listed runs on this target: no backend here runs int8 on "
+            "cpu (backends: torch); list a dtype it runs (fp32") in error
+    assert "or declare a backend that runs int8 (docs/extending.md, 'Adding a backend')" in error
+
+
+def test_validate_passes_with_a_note_naming_what_is_left_out(tmp_path, capsys):
+    path = tiny_spec(tmp_path, lambda d: d["approximations"]["all"]["quantization"].update(dtypes=["fp32", "int8"]))
+    code, err, out = run_qaopt(capsys, "validate", "--no-imports", str(path))
+    assert code is None or code == 0, err
+    assert err == ["note: int8 left out of the search: no backend here runs int8 on cpu (backends: torch); declare one "
+                   "(docs/extending.md, 'Adding a backend') or drop int8 from approximations.all.quantization.dtypes"]
+    assert ": ok" in out

@@ -10,11 +10,11 @@ it declares.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .auto import DEVICE_BACKENDS
-from .registry import BackendRef, backends_running
+from .registry import BackendRef, backends_running, get_backend
 from .target import CpuInfo, Target, emulated_dtypes
 
 
@@ -34,17 +34,27 @@ def target_backends(target: Target) -> tuple[BackendRef, ...]:
     return DEVICE_BACKENDS[target.device] if target.backend == "auto" else (target.backend,)
 
 
-def unrunnable_dtypes(target: Target, dtypes: Iterable[str], cpu: CpuInfo | None = None) -> dict[str, Unrunnable]:
-    """Each of ``dtypes`` that no backend of ``target`` declares on its device, or that it would only emulate
-    (:func:`.target.emulated_dtypes`; ``cpu``: the local CPU, this machine's by default)."""
+def unrunnable_dtypes(target: Target, dtypes: Iterable[str], cpu: CpuInfo | None = None,
+                      unavailable: Callable[[BackendRef], str | None] | None = None) -> dict[str, Unrunnable]:
+    """Each of ``dtypes`` that no usable backend of ``target`` declares on its device, or that it would only emulate
+    (:func:`.target.emulated_dtypes`; ``cpu``: the local CPU, this machine's by default).
+
+    A backend that cannot serve the target on this machine (its ``unavailable_reason``: an engine not installed,
+    ONNX Runtime without its CUDA provider) runs nothing here, whatever it declares. ``unavailable`` says why a
+    backend cannot (default: the backend's own answer on this machine).
+    """
     backends = target_backends(target)
+    unavailable = unavailable or (lambda ref: get_backend(ref).unavailable_reason(target))
+    unusable = {b: why for b in backends if (why := unavailable(b))}
+    usable = [b for b in backends if b not in unusable]
     emulated = emulated_dtypes(target.device, cpu)
     out = {}
     for dtype in dict.fromkeys(dtypes):
         runners = backends_running(dtype, target.device)
-        if not any(b.name in runners for b in backends):
-            out[dtype] = Unrunnable(dtype, f"no backend here runs {dtype} on {target.device} "
-                                           f"(backends: {', '.join(map(str, backends))})", emulated=False)
+        if not any(b.name in runners for b in usable):
+            named = ", ".join(str(b) if b not in unusable else f"{b}: {unusable[b]}" for b in backends)
+            out[dtype] = Unrunnable(dtype, f"no backend here runs {dtype} on {target.device} (backends: {named})",
+                                    emulated=False)
         elif dtype in emulated:
             out[dtype] = Unrunnable(dtype, emulated[dtype], emulated=True)
     return out

@@ -27,21 +27,37 @@ def toy_gpu():
     kernels.unregister_backend("toy-gpu")
 
 
+def EVERY_BACKEND_SERVES(ref):  # noqa: N802 (a constant of the tests): as on a machine where every backend runs
+    return None
+
+
 def test_a_dtype_is_runnable_where_a_backend_of_the_target_declares_it_on_its_device(toy_gpu):
     dtypes = ("fp32", "bf16", "fp16", "int8")
-    on_cuda = kernels.unrunnable_dtypes(Target(device="cuda"), dtypes)
-    backends = ", ".join(map(str, kernels.target_backends(Target(device="cuda"))))
-    assert set(on_cuda) == {"int8"} and not on_cuda["int8"].emulated  # auto's CUDA backends run no int8
-    assert on_cuda["int8"].reason == f"no backend here runs int8 on cuda (backends: {backends})"
+    # auto's CUDA backends: eager and Inductor run the float dtypes; ONNX Runtime's CUDA provider, where installed, int8
+    assert kernels.unrunnable_dtypes(Target(device="cuda"), dtypes, unavailable=EVERY_BACKEND_SERVES) == {}
+    eager = kernels.unrunnable_dtypes(Target(device="cuda", backend="torch"), dtypes, unavailable=EVERY_BACKEND_SERVES)
+    assert set(eager) == {"int8"} and not eager["int8"].emulated
+    assert eager["int8"].reason == "no backend here runs int8 on cuda (backends: torch)"
     # A variant is what its backend declares; a backend named in target.backend is the only one.
     channels_last = kernels.unrunnable_dtypes(Target(backend=BackendRef("torch", "channels_last")), dtypes, BF16_CPU)
     assert set(channels_last) == {"fp16", "int8"} and channels_last["fp16"].emulated
-    assert "int8" not in kernels.unrunnable_dtypes(Target(device="cuda", backend=toy_gpu), dtypes)
+    assert "int8" not in kernels.unrunnable_dtypes(Target(device="cuda", backend=toy_gpu), dtypes,
+                                                   unavailable=EVERY_BACKEND_SERVES)
     # toy-gpu declares cuda only: on a CPU it runs nothing, whatever its dtypes.
     assert set(kernels.unrunnable_dtypes(Target(backend=toy_gpu), dtypes)) == set(dtypes)
     # A CPU without 16-bit float arithmetic: declared, but only emulated.
     emulated = kernels.unrunnable_dtypes(Target(), dtypes, NO_FLOAT16)
     assert set(emulated) == {"bf16", "fp16"} and all(u.emulated for u in emulated.values())
+
+
+def test_a_backend_that_cannot_serve_the_target_here_runs_nothing_it_declares():
+    # ONNX Runtime declares int8 on cuda, but a build without its CUDA provider runs nothing there.
+    def cpu_only_ort(ref):
+        return "this onnxruntime build has no CUDA execution provider" if ref.name == "onnxruntime" else None
+
+    on_cuda = kernels.unrunnable_dtypes(Target(device="cuda"), ("fp32", "int8"), unavailable=cpu_only_ort)
+    assert set(on_cuda) == {"int8"}
+    assert "onnxruntime: this onnxruntime build has no CUDA execution provider" in on_cuda["int8"].reason
 
 
 @NO_GPU

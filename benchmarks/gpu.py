@@ -179,7 +179,7 @@ def latency(run_dir: Path, out: Path, max_autotune: bool) -> dict:
         nn_dir = run_dir / "artifacts" / name
         form = json.loads((nn_dir / "artifact.json").read_text())
         shape = form.get("input_shape") or form.get("data", {}).get("input_shape")
-        figures = {mode: _time_mode(nn_dir / "module.pt", shape, mode) for mode in modes}
+        figures = {mode: _time_mode((nn_dir / "module.pt").resolve(), shape, mode) for mode in modes}
         timed = {m: f["median_ms"] for m, f in figures.items() if "median_ms" in f}
         best_mode = min(timed, key=timed.get) if timed else None
         rows[name] = {"knobs": choice["knobs"], "serves": choice.get("serves", []), "qaopt_backend": choice["backend"],

@@ -11,7 +11,7 @@ from .auto import AutoBackend
 from .onnxruntime_backend import OnnxRuntimeBackend
 from .openvino_backend import OpenVinoBackend
 from .registry import register_backend
-from .torch_backends import CHANNELS_LAST, COMPILE_MODES, TorchBackend, TorchCompileBackend
+from .torch_backends import CHANNELS_LAST, COMPILE_MODES, CUDA_GRAPH, TorchBackend, TorchCompileBackend
 from .tvm_backend import TvmBackend
 
 
@@ -28,7 +28,7 @@ def _openvino(**_: Any) -> OpenVinoBackend:
 # native on GPUs (x86 CPUs without AVX-512 FP16 emulate it, slower than fp32). int8 runs integer (VNNI) kernels
 # through the static QDQ graph on ONNX Runtime and OpenVINO, and on TVM, whose import qaopt rewrites into
 # integer convolutions (docs/latency.md, "TVM and int8").
-register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST,), package="torch",
+register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST, CUDA_GRAPH), package="torch",
                  dtypes=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"))
 register_backend("torch-compile", TorchCompileBackend.factory, variants=COMPILE_MODES, package="torch",
                  dtypes=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"))

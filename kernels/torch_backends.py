@@ -26,6 +26,8 @@ from .target import Target
 
 CHANNELS_LAST = "channels_last"
 """The variant of backend 'torch' that runs NHWC activations: ``torch[channels_last]``."""
+CUDA_GRAPH = "cuda_graph"
+"""The variant of backend 'torch' that replays the eager NN as one CUDA graph: ``torch[cuda_graph]``."""
 
 
 def _torch_unavailable(target: Target) -> str | None:
@@ -155,25 +157,77 @@ class CudaEventTimer:
 
 
 class TorchBackend:
-    """Eager PyTorch under ``torch.inference_mode()``; ``channels_last`` uses NHWC activations (faster oneDNN convs here)."""
+    """Eager PyTorch under ``torch.inference_mode()``, in one of its variants.
 
-    def __init__(self, channels_last: bool = False):
-        self.channels_last = channels_last
-        self.name = str(BackendRef("torch", CHANNELS_LAST if channels_last else None))
+    - ``torch[channels_last]``: NHWC activations (faster oneDNN convolutions on this CPU);
+    - ``torch[cuda_graph]``: the eager NN captured once as a CUDA graph and replayed per frame. At batch 1 a
+      GPU waits on the host's kernel launches; a replay launches the whole NN at once. Captured by hand from
+      eager (cuDNN's kernels), it ran the compact CropFollow NNs in 0.15-0.16 ms on an H200, against 0.21-0.29
+      for Inductor's CUDA graphs and 0.69-0.79 eager (docs/benchmarks/gpu.json).
+    """
+
+    def __init__(self, variant: str | None = None):
+        self.channels_last = variant == CHANNELS_LAST
+        self.cuda_graph = variant == CUDA_GRAPH
+        self.name = str(BackendRef("torch", variant))
 
     @classmethod
     def factory(cls, variant: str | None = None, **_: Any) -> TorchBackend:
-        """The registry's factory: ``torch`` or ``torch[channels_last]``."""
-        return cls(channels_last=variant == CHANNELS_LAST)
+        """The registry's factory: ``torch``, ``torch[channels_last]`` or ``torch[cuda_graph]``."""
+        return cls(variant)
 
     def unavailable_reason(self, target: Target) -> str | None:
-        return _torch_unavailable(target)
+        reason = _torch_unavailable(target)
+        if reason is None and self.cuda_graph and target.device != "cuda":
+            reason = "a CUDA graph replays on a GPU: it serves target.device cuda"
+        return reason
 
     def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> TorchCompiled:
         require_torch_model(model, self.name)
         module = _prepare(model, target, self.channels_last)
-        return TorchCompiled(self.name, module, module, example_inputs, target, self.channels_last,
-                             _exporter(module, example_inputs))
+        compiled = TorchCompiled(self.name, module, module, example_inputs, target, self.channels_last,
+                                 _exporter(module, example_inputs))
+        if self.cuda_graph:
+            start = time.perf_counter()
+            try:
+                compiled.fn = CudaGraphed(module, compiled._device_inputs)
+            except Exception as exc:
+                raise BuildError(f"backend '{self.name}' could not capture {type(module).__name__} as a CUDA graph: "
+                                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            compiled.compile_seconds = time.perf_counter() - start
+        return compiled
+
+
+class CudaGraphed:
+    """An eager module captured once as a CUDA graph: a call copies its inputs into the captured ones and replays.
+
+    The outputs are the graph's own tensors, overwritten by the next call (callers copy them out, as
+    :meth:`TorchCompiled.run` does).
+    """
+
+    WARMUP_CALLS = 3
+    """Eager calls on a side stream before capture: cuDNN picks its algorithms and the allocator settles."""
+
+    def __init__(self, module: Any, inputs: Sequence[Any]):
+        import torch
+
+        self.inputs = [t.clone() for t in inputs]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            for _ in range(self.WARMUP_CALLS):
+                module(*self.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(self.graph):
+            self.outputs = module(*self.inputs)
+
+    def __call__(self, *inputs: Any) -> Any:
+        for captured, x in zip(self.inputs, inputs):
+            if captured.data_ptr() != x.data_ptr():
+                captured.copy_(x)
+        self.graph.replay()
+        return self.outputs
 
 
 REDUCE_OVERHEAD, MAX_AUTOTUNE = "reduce-overhead", "max-autotune"

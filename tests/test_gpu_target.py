@@ -33,7 +33,7 @@ class Centred(torch.nn.Module):
         return self.fc(torch.relu(self.conv(x - self.mean)).mean((2, 3)))
 
 
-@pytest.mark.parametrize("backend", ["torch", "torch-compile"])
+@pytest.mark.parametrize("backend", ["torch", "torch[cuda_graph]", "torch-compile"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_each_dtype_compiles_runs_is_timed_and_exports_on_cuda(backend, dtype, tmp_path):
     torch.manual_seed(0)
@@ -47,6 +47,7 @@ def test_each_dtype_compiles_runs_is_timed_and_exports_on_cuda(backend, dtype, t
     assert np.allclose(out.astype(np.float32), expected, atol=0.05 if dtype != "fp32" else 1e-3)
     m = compiled.measure(QUICK)
     assert m.device == "cuda" and 0 < m.median_ms < 50 and m.extra["attempts"] >= 1
+    assert np.allclose(compiled.run(x)[0].astype(np.float32), out.astype(np.float32))  # a replay gives it again
     if backend == "torch":  # Inductor's ahead-of-time package takes a minute per dtype: exported once below
         assert compiled.export(tmp_path / "nn").exists()
 
@@ -64,6 +65,6 @@ def test_auto_on_cuda_records_every_backend():
     x = np.zeros((1, 3, 32, 32), np.float32)
     compiled = kernels.AutoBackend(protocol=QUICK).compile(model, [x], Target(device="cuda", threads=1))
     outcomes = {o.backend: o for o in compiled.outcomes}
-    assert {"torch", "torch-compile", "onnxruntime"} <= set(outcomes)
+    assert {"torch", "torch[cuda_graph]", "torch-compile", "onnxruntime"} <= set(outcomes)
     assert outcomes["torch"].measurement is not None and outcomes["torch-compile"].measurement is not None
-    assert compiled.backend in ("torch", "torch-compile", "onnxruntime")
+    assert compiled.backend in ("torch", "torch[cuda_graph]", "torch-compile", "onnxruntime")

@@ -297,6 +297,7 @@ def test_compiling_for_another_device_or_layout_leaves_the_callers_module_alone(
 def test_cuda_graphs_are_a_gpu_mode_and_say_so_on_a_cpu():
     reason = kernels.get_backend("torch-compile[reduce-overhead]").unavailable_reason(Target())
     assert "CUDA graphs" in reason and "cuda" in reason
+    assert "CUDA graph" in kernels.get_backend("torch[cuda_graph]").unavailable_reason(Target())
     assert kernels.get_backend("torch-compile[max-autotune]").name == "torch-compile[max-autotune]"
 
 

@@ -39,7 +39,7 @@ def test_registry_names_variants_and_refuses_unknown_ones():
     assert {"auto", "onnxruntime", "torch", "torch[channels_last]", "torch-compile", "tvm"} <= set(kernels.backend_names())
     assert kernels.get_backend("torch[channels_last]").channels_last
     assert kernels.get_backend(BackendRef("torch")).name == "torch"
-    with pytest.raises(kernels.BackendUnavailableError, match=r"'torch' has no variant 'nhwc' \(its variants: channels_last\)"):
+    with pytest.raises(kernels.BackendUnavailableError, match=r"'torch' has no variant 'nhwc' \(its variants: channels_last, cuda_graph\)"):
         kernels.get_backend("torch[nhwc]")
     with pytest.raises(kernels.BackendUnavailableError, match="register the plain name"):
         kernels.register_backend("mine[fast]", lambda **_: None)

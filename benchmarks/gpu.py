@@ -20,6 +20,12 @@ Four steps, the first three run on the GPU machine:
     samples after 50 warm-up frames. The record compares the best of them with the latency qaopt
     reported for the NN (``result.json``): the issue's goal is qaopt within 1.2x of the best.
 
+``reference SPEC``
+    The same comparison for the spec's reference NNs, each measured by qaopt's own path
+    (``kernels.AutoBackend`` on the spec's target, the default protocol: what a search trial
+    measures) and by the modes above, in one call on one machine: a check of the backends and
+    the measurement that needs no optimize run.
+
 ``assemble``
     Writes ``docs/benchmarks/gpu.json`` from the install check, the quick run and the latency
     step's JSON (each written by a command on the device machine; see docs/BENCHMARKS.md, "GPU target").
@@ -27,6 +33,7 @@ Four steps, the first three run on the GPU machine:
     python benchmarks/gpu.py install --pip-log pip.log --pip-status 0 --junit junit.xml --out $OUT/install.json
     python benchmarks/gpu.py quick examples/runs/cropfollow-gpu --seconds 512 --out $OUT/quick.json
     python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune]
+    python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json
     python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json
 """
 
@@ -200,7 +207,46 @@ def latency(run_dir: Path, out: Path, max_autotune: bool) -> dict:
     return record
 
 
-def assemble(install: Path, quick: Path, latency_json: Path, out: Path) -> dict:
+def reference(spec_path: Path, out: Path) -> dict:
+    """The spec's reference NNs: qaopt's measurement on its target against the best independent mode."""
+    import tempfile
+
+    import numpy as np
+    import torch
+
+    from qaopt import kernels
+    from qaopt.app_spec.entrypoints import load_entry_point
+    from qaopt.spec import load_spec
+
+    spec = load_spec(spec_path)
+    target = kernels.Target.from_spec(spec.target)
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="qaopt-gpu-ref-") as tmp:
+        for name, nn in spec.nns.items():
+            module = load_entry_point(nn.model)(**nn.args).eval()
+            path = Path(tmp) / f"{name}.pt"
+            torch.save(module, path)
+            x = np.random.default_rng(0).random(tuple(nn.input_shape), dtype=np.float32)
+            compiled = kernels.AutoBackend().compile(module, [x], target)
+            measured = {o.backend: (round(o.measurement.median_ms, 4) if o.measurement else o.error)
+                        for o in compiled.outcomes}
+            qaopt_ms = compiled.best_outcome.measurement.median_ms
+            figures = {mode: _time_mode(path, list(nn.input_shape), mode) for mode in MODES}
+            timed = {m: f["median_ms"] for m, f in figures.items() if "median_ms" in f}
+            best_mode = min(timed, key=timed.get)
+            rows[name] = {"qaopt_backend": compiled.backend, "qaopt_ms": qaopt_ms, "backends_measured": measured,
+                          "modes": figures, "best_mode": best_mode, "best_ms": timed[best_mode],
+                          "latency_vs_best": round(qaopt_ms / timed[best_mode], 3)}
+            print(f"{name}: qaopt {compiled.backend} {qaopt_ms:.3f} ms; "
+                  + ", ".join(f"{m} {t:.3f}" for m, t in timed.items()), flush=True)
+    record = {"command": " ".join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+              "torch": torch.__version__, "python": platform.python_version(), "nns": rows}
+    _write(out, record)
+    return record
+
+
+def assemble(install: Path, quick: Path, latency_json: Path, out: Path, reference_json: Path | None = None) -> dict:
     """``gpu.json``: the keys the GPU issue asks for, each from the step that measured it, with its machine and date."""
     inst, q, lat = (json.loads(p.read_text()) for p in (install, quick, latency_json))
     previous = json.loads(out.read_text()) if out.exists() else {}
@@ -210,6 +256,7 @@ def assemble(install: Path, quick: Path, latency_json: Path, out: Path) -> dict:
         "quick": q,
         "latency_vs_best": {nn: row["latency_vs_best"] for nn, row in lat["nns"].items()},
         "latency": lat,
+        **({"reference": json.loads(reference_json.read_text())} if reference_json else {}),
         # the default-profile comparison (ResNet-18) is written by its own run; kept when this step re-runs
         **({"resnet18": previous["resnet18"]} if "resnet18" in previous else {}),
     }
@@ -233,10 +280,14 @@ def main() -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--max-autotune", action="store_true", help="also Inductor's max-autotune (minutes per NN)")
+    r = sub.add_parser("reference", help="the spec's reference NNs: qaopt's measurement against the modes")
+    r.add_argument("spec", type=Path)
+    r.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
     a.add_argument("--install", type=Path, required=True)
     a.add_argument("--quick", type=Path, required=True)
     a.add_argument("--latency", type=Path, required=True)
+    a.add_argument("--reference", type=Path, help="the reference step's JSON, kept under 'reference'")
     a.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()
     if args.step == "install":
@@ -245,8 +296,10 @@ def main() -> None:
         quick(args.run_dir, args.seconds, args.out)
     elif args.step == "latency":
         latency(args.run_dir, args.out, args.max_autotune)
+    elif args.step == "reference":
+        reference(args.spec, args.out)
     else:
-        assemble(args.install, args.quick, args.latency, args.json)
+        assemble(args.install, args.quick, args.latency, args.json, args.reference)
 
 
 if __name__ == "__main__":

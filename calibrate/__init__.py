@@ -25,6 +25,7 @@ from qaopt.app_spec.lazy import lazy_exports
 
 _EXPORTS = {
     "acceptance": ("AcceptanceTest", "QoSGoal", "Verdict"),
+    "app_calls": ("AppFailure", "ApplicationFault", "RunLimits", "call_application"),
     "blocks": ("BlockCache", "BlockFailed", "run_blocks"),
     "calibration": ("Calibration", "Progress"),
     "certifiers": ("CERTIFIERS", "Certifier", "ValidityModel", "register_certifier", "unregister_certifier"),

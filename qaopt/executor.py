@@ -35,10 +35,13 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from qaopt.app_spec import AppSpec, QaoptError
+from qaopt.calibrate.app_calls import Outcome, RunLimits, call_application
+from qaopt.calibrate.protocols import records_problem
 
 WORKERS_ENV = "QAOPT_WORKERS"
 """Overrides the default size of the local pool (``1``: everything runs in this process, no pool)."""
@@ -416,9 +419,17 @@ class ShippedNN:
         return out if self.columns is None else out[:, self.columns]
 
 
-def run_perception_block(make: Callable[[], Any], nns: Mapping[str, Callable], seeds: Sequence[int],
-                         render_threads: int = 1) -> list[dict[str, float]]:
+def run_perception_seeds(app: Any, nns: Mapping[str, Callable], limits: RunLimits, metric: str,
+                         seeds: Sequence[int], render_threads: int = 1) -> Outcome:
+    """Closed-loop runs of ``seeds`` with ``nns`` in the loop, within ``limits``: their records, or the failure."""
+    return call_application(app, "evaluate_perception", dict(nns), list(seeds), limits,
+                            check=partial(records_problem, seeds=list(seeds), metric=metric),
+                            render_threads=render_threads)
+
+
+def run_perception_block(make: Callable[[], Any], nns: Mapping[str, Callable], limits: RunLimits, metric: str,
+                         seeds: Sequence[int], render_threads: int = 1) -> Outcome:
     """One closed-loop validation block on a worker: the application built there, the NNs shipped to it."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
-    return make().evaluate_perception(dict(nns), list(seeds), render_threads=render_threads)
+    return run_perception_seeds(make(), nns, limits, metric, seeds, render_threads=render_threads)

@@ -35,6 +35,7 @@ from qaopt.calibrate import (
     ErrorSpace,
     QoSEvaluator,
     QoSGoal,
+    RunLimits,
 )
 from qaopt.spec import located, problem
 
@@ -56,6 +57,21 @@ def acceptance_of(spec: AppSpec) -> AcceptanceTest:
     """The spec's acceptance test; one seed block is ``min_trials`` runs (the first look)."""
     a = spec.qos.acceptance
     return AcceptanceTest(a.max_failure_rate, a.confidence, a.min_trials, a.max_trials, block=a.min_trials)
+
+
+def limits_of(spec: AppSpec) -> RunLimits:
+    """How long one simulator call may take and how often a failed one is tried again (``output.time_limit_s``,
+    ``output.retries``): execution settings, so like the rest of ``output`` they key no cached result."""
+    return RunLimits(spec.output.time_limit_s, spec.output.retries)
+
+
+def with_time_limit(spec: AppSpec, seconds: float | None) -> AppSpec:
+    """``spec`` with ``--time-limit SECONDS`` in place of its ``output.time_limit_s`` (``None``: the spec's own)."""
+    if seconds is None:
+        return spec
+    if not seconds > 0:
+        raise QaoptError(f"--time-limit {seconds:g}: give the seconds one simulator call may take, more than 0")
+    return spec.model_copy(update={"output": spec.output.model_copy(update={"time_limit_s": float(seconds)})})
 
 
 def make_evaluator(spec: AppSpec, *, check_runs: bool = False) -> QoSEvaluator:

@@ -8,14 +8,21 @@ The faulty application (tests/apps/faulty.py) is the synthetic one with a bug or
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from faulty import FAULT
 from specs import CALIBRATE_SPEC, run_qaopt
+
+APPS = Path(__file__).resolve().parent / "apps"
 
 
 def _faulty_spec(folder: Path) -> Path:
@@ -142,3 +149,64 @@ def test_an_old_style_application_is_supported_with_a_note(tmp_path, capsys):
     spec = load_spec(path)
     judged = dict(goal=goal_of(spec), test=acceptance_of(spec), runs=16, trial=1, region_predicted_valid=True, threads=2)
     assert validate_closed_loop(OldStyleTiny(), {}, **judged) == validate_closed_loop(TinyEvaluator(), {}, **judged)
+
+
+def test_ctrl_c_to_the_process_group_is_one_line_from_the_parent_alone(faulty, tmp_path, capsys):
+    """Ctrl-C at a terminal: SIGINT to the command and its pool workers at once, one worker in a run, one idle."""
+    from faulty import STARTED
+
+    from qaopt.commands.runner import INTERRUPTED
+
+    spec, clean = faulty
+    out, started = tmp_path / "out", tmp_path / "started"
+    env = {**os.environ, FAULT: "slow", STARTED: str(started), "QAOPT_WORKERS": "2",
+           "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", "from qaopt.cli import main; main()", "calibrate", str(spec),
+                             "--out", str(out), "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # its own process group, as a terminal's job is
+    deadline = time.monotonic() + 60
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate()
+    time.sleep(1.5)  # the other worker runs the point's other blocks meanwhile, then waits idle for more
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [INTERRUPTED]
+    assert not (out / "region.json").exists()
+
+    code, _, _ = run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet")  # resumes
+    assert code == 0 and _observations(out) == clean
+
+
+def test_a_worker_lost_mid_validation_is_one_warning_line_and_its_runs_are_redone(tmp_path, monkeypatch, capfd):
+    import torch
+    from flaky import DIE_MARKER, ScriptedPerceptionApp
+
+    from qaopt.calibrate import AcceptanceTest, QoSGoal
+    from qaopt.closed_loop import ValidationBlocks, validate_closed_loop
+    from qaopt.executor import LocalPool, ShippedNN
+
+    nn = ShippedNN(SimpleNamespace(key="k", module=torch.nn.Linear(1, 1), onnx_path=None, columns=None))
+    goal = QoSGoal("errors", max=0.0)
+    judged = dict(goal=goal, test=AcceptanceTest(0.1, 0.8, 8, 32, block=8), runs=32, trial=1,
+                  region_predicted_valid=True, seed_base=100)
+    serial = validate_closed_loop(ScriptedPerceptionApp([105]), {"a": nn}, **judged)
+    monkeypatch.setenv(DIE_MARKER, str(tmp_path / "died"))  # the pool's first worker to run a block dies in it
+    blocks = ValidationBlocks.of(tmp_path / "cache", {"a": "k"}, "app", goal)
+    capfd.readouterr()
+    with LocalPool(2) as pool:
+        pooled = validate_closed_loop(ScriptedPerceptionApp([105]), {"a": nn}, executor=pool, cache=blocks, **judged)
+    assert (tmp_path / "died").exists()
+    assert pooled == serial
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err == ["warning: a worker of the local pool of 2 worker(s) was lost (killed, or out of memory); its runs "
+                   "are run again"]
+    monkeypatch.delenv(DIE_MARKER)
+
+    class RunsNothing(ScriptedPerceptionApp):
+        def evaluate_perception(self, nns, seeds, render_threads=1):
+            raise AssertionError(f"seeds {seeds} ran again")
+
+    # every block the pool ran was stored whole and right: a second validation reads them all
+    assert validate_closed_loop(RunsNothing(), {"a": nn}, cache=blocks, **judged) == serial

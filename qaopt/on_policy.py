@@ -125,8 +125,11 @@ def record(spec: AppSpec, evaluator: Recorder, nns: Mapping[str, Any], simulator
     key = content_hash(RECORDING_VERSION, simulator, dict(sorted(fingerprints.items())), drive_seeds(spec), plan.steps)
     path = cache_dir / "on_policy" / f"{key}.pkl"
     if path.exists():
-        with open(path, "rb") as f:
-            return pickle.load(f), key
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f), key
+        except Exception as exc:  # noqa: BLE001 - a damaged pickle raises anything from EOFError to KeyError
+            store.set_aside(path, f"it does not load: {type(exc).__name__}")
     recordings = dict(evaluator.record_perception(nns, drive_seeds(spec), plan.steps))
     _check(spec, recordings, nns)
     path.parent.mkdir(parents=True, exist_ok=True)

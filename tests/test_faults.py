@@ -7,6 +7,7 @@ The faulty application (tests/apps/faulty.py) is the synthetic one with a bug or
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -210,3 +211,190 @@ def test_a_worker_lost_mid_validation_is_one_warning_line_and_its_runs_are_redon
 
     # every block the pool ran was stored whole and right: a second validation reads them all
     assert validate_closed_loop(RunsNothing(), {"a": nn}, cache=blocks, **judged) == serial
+
+
+# ---------------------------------------------------------------- disk faults
+
+
+@pytest.fixture
+def fsync_fails(monkeypatch):
+    """``fsync_fails(n, code)``: the store's ``n``-th fsync from now on (and every later one) fails with ``code``."""
+    from qaopt.app_spec import store
+
+    real, calls = store.os.fsync, []
+
+    def start(n: int, code: int) -> None:
+        def fsync(fd: int) -> None:
+            calls.append(fd)
+            if len(calls) >= n:
+                raise OSError(code, os.strerror(code))
+            real(fd)
+
+        monkeypatch.setattr(store.os, "fsync", fsync)
+
+    yield start
+    monkeypatch.setattr(store.os, "fsync", real)
+
+
+def _stored(cache: Path) -> dict[Path, int]:
+    """Every file of the cache with its modification time; each must be whole (no temporary file is left)."""
+    files = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
+    assert not [p for p in files if p.name.endswith(".tmp")], "a torn temporary file was left"
+    for p in files:
+        json.loads(p.read_text())  # written whole
+    return files
+
+
+def test_a_full_disk_is_one_line_and_a_run_with_space_resumes(faulty, tmp_path, capsys, fsync_fails, monkeypatch):
+    spec, clean = faulty
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    fsync_fails(3, errno.ENOSPC)  # the third calibration block finds the disk full
+    code, err, _ = run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: cannot write in {cache / 'calibrate' / 'trials'}/"), err
+    assert ": no space left on its device: free space there (or point the run elsewhere: --out or output.dir for " \
+           "the run folder, output.cache_dir or $QAOPT_CACHE_DIR for the cache), then run again; finished work is " \
+           "kept and resumed" in err[0]
+    kept = _stored(cache)
+    assert len(kept) == 2 and not (out / "region.json").exists()
+
+    monkeypatch.undo()  # space again (and the faulty fixture's cache folder with it)
+    monkeypatch.setenv("QAOPT_CACHE_DIR", str(cache))
+    code, _, _ = run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet")
+    assert code == 0 and _observations(out) == clean
+    assert {p: t for p, t in _stored(cache).items() if p in kept} == kept  # what was complete is reused as it is
+
+
+@pytest.mark.parametrize("code,says", [(errno.EROFS, "it is on a read-only file system: give a writable folder"),
+                                       (errno.EACCES, "no permission to write there: make it writable (chmod, chown)")])
+def test_a_read_only_or_locked_output_folder_is_one_line_naming_it(faulty, tmp_path, capsys, monkeypatch, code, says):
+    from qaopt.app_spec import store
+
+    spec, clean = faulty
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    real = store.tempfile.mkstemp
+
+    def mkstemp(*args, dir, **kwargs):
+        if Path(dir) == out:
+            raise OSError(code, os.strerror(code), str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(store.tempfile, "mkstemp", mkstemp)
+    code_, err, _ = run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet")
+    assert code_ == 2 and err == [f"error: cannot write in {out}: {says}" + err[0].split(says, 1)[1]], err
+    assert "(--out or output.dir for the run folder" in err[0] and not (out / "region.json").exists()
+    kept = _stored(cache)
+
+    monkeypatch.setattr(store.tempfile, "mkstemp", real)
+    code_, _, _ = run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet")
+    assert code_ == 0 and _observations(out) == clean
+    assert _stored(cache) == kept  # every run was complete: nothing ran again
+
+
+def test_torchs_write_failure_on_a_full_disk_is_the_same_one_line(tmp_path):
+    from qaopt.app_spec.store import StorageError, writing_to
+
+    torn = RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0")
+    with pytest.raises(StorageError, match=rf"^cannot write in {tmp_path}: no space left on its device"):
+        with writing_to(tmp_path):
+            raise torn
+
+
+# ---------------------------------------------------------------- damaged artifacts
+
+GARBAGE = b"\xff\xfe\x00garbage\x80 that decodes as nothing"
+
+
+def test_a_damaged_region_json_is_one_line_to_read_and_set_aside_by_a_run(tmp_path, capfd):
+    from specs import tiny_spec
+
+    from qaopt.plan import BoundApplication
+    from qaopt.spec import load_spec
+    from qaopt.stages.region import calibrated_region
+
+    path = tiny_spec(tmp_path)
+    app, run = BoundApplication(load_spec(path)), tmp_path / "run"
+    clean = calibrated_region(app, 4, run).region.to_json()
+    (run / "region.json").write_bytes(GARBAGE)
+
+    code, err, _ = run_qaopt(capfd, "calibrate", str(path), "--out", str(run), "--plot")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {run / 'region.json'}: cannot read the region ('utf-8' codec can't decode")
+    assert err[0].endswith("run `qaopt calibrate` again")
+
+    capfd.readouterr()
+    again = calibrated_region(app, 4, run)  # what optimize's region stage does: set it aside, calibrate anew
+    assert again.note.startswith("region.json was unreadable (") and again.region.to_json() == clean
+    assert capfd.readouterr().err.strip().splitlines() == [
+        f"warning: {run / 'region.json'} is damaged ({again.note.split('(', 1)[1].split('); calibrating')[0]}); "
+        "moved aside to region.json.damaged and rebuilt"]
+    assert (run / "region.json.damaged").read_bytes() == GARBAGE
+
+
+def test_a_damaged_calibration_block_is_run_again(faulty, tmp_path, capsys):
+    spec, clean = faulty
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    assert run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet")[0] == 0
+    damaged = sorted(cache.rglob("*.json"))[0]
+    damaged.write_bytes(GARBAGE)
+    (out / "region.json").unlink()
+    assert run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet")[0] == 0
+    assert _observations(out) == clean and json.loads(damaged.read_text())  # run again and stored whole
+
+
+def test_a_damaged_validation_block_is_set_aside_and_run_again(tmp_path, capfd):
+    from flaky import ScriptedPerceptionApp
+
+    from qaopt.calibrate import AcceptanceTest, QoSGoal
+    from qaopt.closed_loop import ValidationBlocks, validate_closed_loop
+
+    goal = QoSGoal("errors", max=0.0)
+    judged = dict(goal=goal, test=AcceptanceTest(0.1, 0.8, 8, 32, block=8), runs=32, trial=1,
+                  region_predicted_valid=True, seed_base=100)
+    blocks = ValidationBlocks.of(tmp_path, {"a": "k"}, "app", goal)
+    clean = validate_closed_loop(ScriptedPerceptionApp([105]), {}, cache=blocks, **judged)
+    stored = sorted(blocks.folder.glob("*.json"))
+    good = stored[1].read_bytes()
+    stored[1].write_bytes(good.replace(b"0.0", b"1.0", 1))  # one run's outcome edited: its checksum no longer holds
+    capfd.readouterr()
+    assert validate_closed_loop(ScriptedPerceptionApp([105]), {}, cache=blocks, **judged) == clean
+    assert capfd.readouterr().err.strip().splitlines() == [
+        f"warning: {stored[1]} is damaged (its checksum does not match its content); moved aside to "
+        f"{stored[1].name}.damaged and rebuilt"]
+    assert stored[1].read_bytes() == good
+
+
+def test_a_damaged_candidate_is_set_aside_and_rebuilt(tmp_path, capfd):
+    from specs import TINY
+
+    from qaopt.app_spec import load
+    from qaopt.approx import Knobs, TargetNN, build
+    from qaopt.kernels import onnx
+
+    nn_ = TargetNN.from_spec("a", load(TINY).nns["a"])
+    knobs = Knobs(prune_ratio=0.5)
+    first = build(nn_, knobs, cache_dir=tmp_path, onnx=onnx)
+    approx = tmp_path / "approx"
+    [float_entry] = (approx / "float").glob("[!.]*")
+    (float_entry / "model.pt").write_bytes(GARBAGE)
+    capfd.readouterr()
+    again = build(nn_, knobs, cache_dir=tmp_path, onnx=onnx)
+    assert again.error == first.error and not again.from_cache
+    assert capfd.readouterr().err.strip().splitlines() == [
+        f"warning: {float_entry} is damaged (model.pt does not match its checksum); moved aside to "
+        f"{float_entry.name}.damaged and rebuilt"]
+
+    [candidate] = (approx / "candidates").glob("[!.]*[!d]")
+    (candidate / "candidate.json").write_bytes(GARBAGE)
+    assert build(nn_, knobs, cache_dir=tmp_path, onnx=onnx).error == first.error
+    assert "is damaged (" in capfd.readouterr().err
+
+
+def test_a_damaged_result_json_is_one_line_naming_it(tmp_path):
+    from qaopt.app_spec import QaoptError
+    from qaopt.result import Result
+
+    (tmp_path / "result.json").write_bytes(GARBAGE)
+    with pytest.raises(QaoptError, match=rf"^{tmp_path / 'result.json'}: cannot read the run's result \(ValidationError"
+                                         r", .*\); run `qaopt optimize SPEC` again: it resumes"):
+        Result.load(tmp_path / "result.json")

@@ -140,6 +140,8 @@ def calibrated_region(
     path = run_dir / REGION_FILE
     existing, unreadable = _read(path)
     if existing is None:
+        if unreadable:
+            store.set_aside(path, unreadable)
         note = f"{REGION_FILE} was unreadable ({unreadable}); calibrating anew" if unreadable else ""
         calibrate_with = wanted
     else:

@@ -36,7 +36,7 @@ from qaopt.profiles import Profile
 from qaopt.result import Result
 from qaopt.search import OptimizeError, open_storage
 from qaopt.spec import check_spec, load_spec
-from qaopt.spec_adapter import with_time_limit
+from qaopt.spec_adapter import check_nn_shapes, with_time_limit
 from qaopt.stages.report import ReportStage
 
 
@@ -75,6 +75,7 @@ def optimize(
                             "calibrated: give one of them")
     spec = check_spec(spec) if isinstance(spec, AppSpec) else load_spec(spec, check_entry_points=True)
     spec = with_time_limit(spec, time_limit)
+    check_nn_shapes(spec)  # every NN built from its entry points now, not after calibration has run for minutes
     console = console or Console(stderr=True, log_path=False)  # where a line was logged means nothing to a user
     plan = build_plan(spec, profile, out=out, storage=storage, trials=trials, region=region,
                       calibration_budget=calibration_budget, say=console.log)

@@ -121,7 +121,7 @@ def check_nn_shapes(spec: AppSpec) -> None:
     which may build or load their data the first time. Raises :class:`SpecError`
     with one located problem per NN at fault.
     """
-    from qaopt.approx import TargetNN  # heavy (torch): only when asked to
+    from qaopt.approx import EntryPointFailed, TargetNN  # heavy (torch): only when asked to
 
     problems = []
     for name, nn in spec.nns.items():
@@ -129,14 +129,15 @@ def check_nn_shapes(spec: AppSpec) -> None:
             target = TargetNN.from_spec(name, nn)  # checks the data's shapes against input_shape
             _check_sample(target, nn.input_shape, len(nn.outputs))
             problems += _pass_problems(spec, name, target)
-        except _ShapeError as exc:
-            problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": str(exc)}])
+        except (_ShapeError, EntryPointFailed) as exc:
+            message = exc.detail if isinstance(exc, EntryPointFailed) else str(exc)
+            problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": message}])
         except QaoptError as exc:  # a message that starts with its field (nns.a.weights: ...) is placed there
             loc = ("nns", name, "input_shape") if "input_shape" in str(exc) else ("nns", name)
             problems += located(spec, [{"loc": loc, "msg": str(exc)}])
-        except Exception as exc:  # noqa: BLE001 - the user's model or data code failed
-            problems += located(spec, [{"loc": ("nns", name), "msg": f"loading the model and data raised "
-                                                                   f"{type(exc).__name__}: {exc}"}])
+        except Exception as exc:  # noqa: BLE001 - the user's NN failed on its own data
+            problems += located(spec, [{"loc": ("nns", name), "msg": f"running a sample of its data through the NN "
+                                                                   f"raised {type(exc).__name__}: {exc}"}])
     if problems:
         raise SpecError(problems)
 

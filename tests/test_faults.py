@@ -398,3 +398,31 @@ def test_a_damaged_result_json_is_one_line_naming_it(tmp_path):
     with pytest.raises(QaoptError, match=rf"^{tmp_path / 'result.json'}: cannot read the run's result \(ValidationError"
                                          r", .*\); run `qaopt optimize SPEC` again: it resumes"):
         Result.load(tmp_path / "result.json")
+
+
+# ---------------------------------------------------------------- entry points and the protocol
+
+
+def test_a_failing_nn_entry_point_stops_optimize_before_any_run(tmp_path, capsys, monkeypatch):
+    from specs import line_of, tiny_spec
+
+    import qaopt.region_calibration as region_calibration
+
+    (tmp_path / "brokennn.py").write_text(textwrap.dedent("""
+        def tiny_net(target="a"):
+            raise FileNotFoundError("checkpoints/a.pt")
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def broken(data):
+        data["nns"]["b"]["model"] = "brokennn:tiny_net"
+
+    path = tiny_spec(tmp_path, broken)
+    monkeypatch.setattr(region_calibration, "calibrate_spec", lambda *a, **k: pytest.fail("calibration ran"))
+    code, err, _ = run_qaopt(capsys, "optimize", str(path), "--profile", "quick")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {path}:") and err[0].endswith(
+        ": nns.b.model: brokennn:tiny_net raised FileNotFoundError: checkpoints/a.pt; fix that entry point (`qaopt "
+        "validate SPEC` runs it)"), err
+    assert "brokennn:tiny_net" in line_of(path, err[0])
+    assert not list((tmp_path / "runs").rglob("*.json")) and not (tmp_path / "cache").exists()  # nothing stored

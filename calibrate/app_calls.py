@@ -110,11 +110,12 @@ class Outcome:
 
 
 def call_application(app: object, method: str, arg: Any, seeds: Sequence[int], limits: RunLimits,
-                     check: Callable[[Any], str | None] | None = None, **options: Any) -> Outcome:
-    """``app.method(arg, seeds, **options)`` within ``limits``; ``check(result)`` says what is wrong with a result.
+                     check: Callable[[Any], str | None] | None = None, extra: tuple = (), **options: Any) -> Outcome:
+    """``app.method(arg, seeds, *extra, **options)`` within ``limits``; ``check(result)`` says what is wrong with it.
 
-    Only the ``options`` the method declares are passed. Returns the result, or the failure
-    of the last attempt (exception, time limit, or the problem ``check`` found).
+    ``extra`` are further required arguments (``record_perception``'s ``steps``); only the
+    ``options`` the method declares are passed. Returns the result, or the failure of the
+    last attempt (exception, time limit, or the problem ``check`` found).
     """
     fn = getattr(app, method)
     kwargs = declared_options(fn, **options)
@@ -124,7 +125,7 @@ def call_application(app: object, method: str, arg: Any, seeds: Sequence[int], l
         start = time.monotonic()
         try:
             with _alarm(limits.time_limit_s):
-                result = fn(arg, list(seeds), **kwargs)
+                result = fn(arg, list(seeds), *extra, **kwargs)
         except _TimeUp:
             elapsed = time.monotonic() - start
             error = f"ran past its time limit of {limits.time_limit_s:g} s (output.time_limit_s, --time-limit)"

@@ -202,6 +202,11 @@ class LocalPool(Executor):
             if isinstance(exc, BrokenProcessPool) and left > 0 and not self._closed:
                 self._renew(pool)  # a worker died: its task (and every other task of that pool) runs again
                 self._launch(outer, fn, args, kwargs, left - 1)
+            elif isinstance(exc, BrokenProcessPool) and not self._closed:
+                outer.set_exception(ExecutorError(
+                    f"a worker of the {self.where} died {self.retries + 1} times running the same task: the "
+                    "application crashes its process (a segfault, os._exit, out of memory); run with --workers 1 "
+                    "to see its own error"))
             elif exc is not None:
                 outer.set_exception(exc)
             else:

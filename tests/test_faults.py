@@ -479,3 +479,12 @@ def test_retries_absorb_a_transient_failure_and_name_the_attempts_of_a_lasting_o
 
     failure = call_application(Always(), "evaluate", {}, [7], RunLimits(retries=2)).failure
     assert "on seed 7 (point) (after 3 attempts) after " in str(ApplicationFault(failure, "point"))
+
+
+def test_a_worker_that_dies_on_every_try_is_one_line(tmp_path):
+    from qaopt.executor import ExecutorError, LocalPool
+
+    with LocalPool(1, retries=1) as pool:
+        with pytest.raises(ExecutorError, match=r"^a worker of the local pool of 1 worker\(s\) died 2 times running the "
+                                                r"same task: the application crashes its process"):
+            pool.submit(os._exit, 3).result(timeout=60)

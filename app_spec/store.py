@@ -20,7 +20,7 @@ validation, ``result.json``):
   the fix (:func:`writing_to`); the temporary file is removed, so nothing torn is left, and
   a later run with space resumes from what was written whole.
 - **Reads are checked.** A JSON artifact carries a checksum of its data; one that does
-  not decode, is not an artifact, or fails its checksum is damaged: it is moved aside
+  not decode or fails its checksum is damaged: it is moved aside
   (``<name>.damaged``, one warning line) and reads as absent, so its producer rebuilds it.
 
 What a resumed run may assume: every artifact it finds was written whole by a run
@@ -142,35 +142,30 @@ def write_json(path: str | Path, kind: str, version: int, data: Any) -> Path:
 def read_json(path: str | Path, kind: str, version: int) -> Any | None:
     """The data of a versioned artifact, or ``None`` when it is absent, another kind or version, or damaged.
 
-    A damaged file (undecodable bytes, not an artifact, a checksum that does not match) is
+    A damaged file (bytes that do not decode as JSON, a checksum that does not match) is
     moved aside (:func:`set_aside`) so its producer rebuilds it. A file without a checksum
     (written before artifacts carried one) is read as it is.
     """
     path = Path(path)
     try:
         doc = json.loads(path.read_bytes().decode())
-    except FileNotFoundError:
-        return None
-    except OSError:
+    except OSError:  # absent, or unreadable here: recomputed
         return None
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
         set_aside(path, f"it does not decode ({type(exc).__name__})")
         return None
-    if not isinstance(doc, dict) or "artifact" not in doc or "data" not in doc:
-        set_aside(path, "it is not a qaopt artifact")
-        return None
-    if doc.get("artifact") != kind or doc.get("version") != version:
-        return None
+    if not isinstance(doc, dict) or doc.get("artifact") != kind or doc.get("version") != version or "data" not in doc:
+        return None  # stale: an older format, kind or version, recomputed in place
     if "sha256" in doc and doc["sha256"] != checksum(doc["data"]):
         set_aside(path, "its checksum does not match its content")
         return None
     return doc["data"]
 
 
-def set_aside(path: str | Path, why: str) -> Path | None:
+def set_aside(path: str | Path, why: str) -> None:
     """Move a damaged artifact (a file or a folder) to ``<name>.damaged`` with one warning line; it is rebuilt.
 
-    Returns where it went (``None`` when it could not be moved: then it is only reported).
+    One that cannot be moved (a read-only folder) is only reported; its producer's write replaces it.
     """
     path = Path(path)
     aside = path.with_name(path.name + ".damaged")
@@ -180,9 +175,8 @@ def set_aside(path: str | Path, why: str) -> Path | None:
         os.replace(path, aside)
     except OSError:
         warn(f"{path} is damaged ({why}); it is rebuilt, but could not be moved aside: delete it")
-        return None
+        return
     warn(f"{path} is damaged ({why}); moved aside to {aside.name} and rebuilt")
-    return aside
 
 
 def write_model(path: str | Path, model: BaseModel, version: int) -> Path:

@@ -33,8 +33,8 @@ from concurrent.futures import Executor
 from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 

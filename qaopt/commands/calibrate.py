@@ -49,6 +49,7 @@ def calibrate(
     same for any number of workers.
     """
     from qaopt.calibrate import Verdict  # scipy/sklearn: only when a calibration runs
+    from qaopt.calibrate.calibration import point_text
     from qaopt.executor import open_executor
     from qaopt.field.evidence import spec_evidence
     from qaopt.region_calibration import build_calibration, calibrate_spec, plot_spec_region
@@ -76,7 +77,7 @@ def calibrate(
         task = bar.add_task("", total=max(total, 1))
 
         def show(step) -> None:  # a qaopt.calibrate.Progress
-            point = ", ".join(f"{k}={v:.3g}" for k, v in step.errors.items())
+            point = point_text(step.errors)
             if step.observation is None:
                 bar.update(task, description=f"{point}: {step.trials} runs")
                 return
@@ -98,7 +99,7 @@ def calibrate(
         console.print(f"field evidence: {len(field.evidence)} point(s) from {sum(map(len, field.runs.values()))} run(s)")
     for p in labelled:
         if p.overturned:
-            point = ", ".join(f"{k}={v:.3g}" for k, v in p.errors.items())
+            point = point_text(p.errors)
             console.print(f"[blue]field overturned the simulator[/] at {point}: now {'valid' if p.valid else 'invalid'}")
     empty = region.empty_reason()
     if empty:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qaopt.app_spec import store
 from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence, Progress, Verdict
+from qaopt.calibrate.calibration import point_text
 from qaopt.calibrate.region import SIMULATOR
 from qaopt.events import Progress as ProgressEvent
 from qaopt.pipeline import BaseStage, StageRun, register_stage
@@ -278,7 +279,7 @@ class RegionStage(BaseStage):
             events.note(f"simulator runs on {getattr(run.executor, 'where', type(run.executor).__name__)}")
 
         def calibrating(step: Progress) -> None:
-            point = ", ".join(f"{k}={v:.3g}" for k, v in step.errors.items())
+            point = point_text(step.errors)
             done = step.evaluation if step.observation is not None else step.evaluation - 1
             state = step.observation.verdict.value if step.observation is not None else f"{step.trials} runs"
             events.emit(ProgressEvent(self.name, done, step.budget, f"{point}: {state}"))

@@ -7,11 +7,18 @@ The message names the file, field or knob at fault and says how to fix it.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 
 class QaoptError(Exception):
     """Bad input or an unusable environment, reported without a traceback."""
+
+
+def warn(text: str) -> None:
+    """One ``warning:`` line on stderr for a fault qaopt recovered from (a lost worker's runs redone, a damaged
+    file set aside and rebuilt): the run goes on, and the user learns what happened without a traceback."""
+    print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

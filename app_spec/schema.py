@@ -29,6 +29,10 @@ from .hashing import content_hash
 from .nn_errors import CLASS_COMPONENTS, CLASS_METRICS, Component, MetricKind, axis_name
 from .store import DEFAULT_CACHE_DIR
 
+DEFAULT_TIME_LIMIT_S = 1800.0
+"""Seconds one simulator call (a block of seeded runs) may take: the shipped examples' slowest block (8 CropFollow
+closed-loop runs on one core) takes well under a minute, so only a hung simulator reaches it."""
+
 EntryPoint = Annotated[str, AfterValidator(check_syntax)]
 """A ``package.module:attribute`` reference to user code."""
 
@@ -619,6 +623,12 @@ class OutputSpec(Section):
     cluster: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9+.-]*://\S+$", max_length=500, description=(
         "address of a Dask scheduler (tcp://host:8786) that runs calibration's and closed-loop validation's "
         "simulator runs; --cluster overrides it; without it they run in a local process pool"))
+    time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=7 * 24 * 3600, description=(
+        "wall-clock seconds one call of the simulator (a block of seeded runs) may take before it counts as hung: "
+        "the run then stops with an application error naming the seeds; --time-limit overrides it"))
+    retries: int = Field(default=0, ge=0, le=10, description=(
+        "how often a simulator call that raised or hung is tried again before the run stops with its error "
+        "(for transient failures: a license server, a socket); a deterministic bug fails every attempt"))
 
 
 # ---------------------------------------------------------------- the spec

@@ -23,6 +23,7 @@ from qaopt.app_spec.lazy import lazy_exports
 
 _EXPORTS = {
     "ApproxError": ".errors",
+    "EntryPointFailed": ".errors",
     "ApproximationPass": ".passes",
     "BuildContext": ".passes",
     "OnnxToolchain": ".toolchain",

@@ -65,7 +65,7 @@ def build(
     with store.lock(key):
         folder = store.entry("candidates", key)
         meta = store.load_meta(folder)
-        if meta is not None:
+        if meta is not None and store.entry("float", meta["float_key"]) is not None:  # both intact: else rebuilt
             return _load(store, folder, meta, nn_, knobs, onnx)
         start = time.perf_counter()
         ctx = _context(nn_, knobs, recipe, store, device, onnx, progress)

@@ -15,3 +15,13 @@ class ApproxError(QaoptError):
     def __init__(self, nn: str, knob: str, problem: str):
         self.nn, self.knob = nn, knob
         super().__init__(f"NN {nn!r}, knob {knob!r}: {problem}")
+
+
+class EntryPointFailed(QaoptError):
+    """An NN's ``model`` or ``data`` entry point raised: the user's code, named with the NN and the field."""
+
+    def __init__(self, nn: str, field: str, entry_point: str, exc: BaseException):
+        self.nn, self.field = nn, field
+        self.detail = (f"{entry_point} raised {type(exc).__name__}: {exc}; fix that entry point (`qaopt validate SPEC` "
+                       "runs it)")
+        super().__init__(f"nns.{nn}.{field}: {self.detail}")

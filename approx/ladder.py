@@ -133,7 +133,10 @@ class Ladder:
         return self.folder / f"rung-{k:03d}"
 
     def stored(self, k: int) -> Rung | None:
-        data = read_json(self._rung_folder(k) / "rung.json", RUNG_KIND, RUNG_VERSION)
+        folder = self._rung_folder(k)
+        if not folder.is_dir() or not self.store.intact(folder):  # a damaged rung is set aside and built again
+            return None
+        data = read_json(folder / "rung.json", RUNG_KIND, RUNG_VERSION)
         return None if data is None else Rung(**data)
 
     def rungs(self) -> list[Rung]:

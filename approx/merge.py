@@ -244,7 +244,7 @@ def build_merged(group: MergeGroup, knobs: Knobs, *, cache_dir: str | Path | Non
     columns = group.columns()
     with store.lock(f"views-{merged.key}"):
         folder = store.root / "views" / merged.key
-        meta = read_json(folder / "view.json", VIEW_KIND, VIEW_VERSION)
+        meta = read_json(folder / "view.json", VIEW_KIND, VIEW_VERSION) if store.entry("views", merged.key) else None
         if meta is None:
             progress("measuring each merged NN's error on its own data")
             with store.writing("views", merged.key) as tmp:

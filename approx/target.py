@@ -21,6 +21,8 @@ from qaopt.app_spec.errors import QaoptError
 from qaopt.app_spec.hashing import content_hash
 from qaopt.app_spec.nn_errors import MetricKind, error_metric, frame_errors, is_class_metric
 
+from .errors import EntryPointFailed
+
 if TYPE_CHECKING:
     from qaopt.app_spec.schema import NNSpec
 
@@ -114,7 +116,7 @@ class TargetNN:
     @classmethod
     def from_spec(cls, name: str, spec: NNSpec) -> TargetNN:
         """Load the model (and its ``weights`` file, if given) and the data an ``nns.<name>`` entry names."""
-        model = load_entry_point(spec.model)(**spec.args)
+        model = _called(name, "model", spec.model, spec.args)
         if not isinstance(model, nn.Module):
             raise QaoptError(f"nns.{name}.model: {spec.model} returned {type(model).__name__}, not a torch.nn.Module")
         if spec.weights is not None:
@@ -122,7 +124,7 @@ class TargetNN:
                 model.load_state_dict(torch.load(spec.weights, map_location="cpu", weights_only=True))
             except (RuntimeError, OSError) as exc:
                 raise QaoptError(f"nns.{name}.weights: {spec.weights} does not fit {spec.model}: {exc}") from exc
-        data = load_entry_point(spec.data.source)(**spec.data.args)
+        data = _called(name, "data", spec.data.source, spec.data.args)
         column = [o.name for o in spec.outputs].index(spec.error_metric.output)
         architecture = content_hash(spec.model, spec.args)
         return cls(name, model, data, tuple(spec.input_shape), ErrorMetric(spec.error_metric.kind, column, spec.error_metric.threshold),
@@ -169,3 +171,14 @@ class TargetNN:
             seq = np.asarray(seq)
             if seq.size and (seq.min() < 0 or seq.max() >= n_val):
                 raise QaoptError(f"{where}: val_sequences[{i}] indexes outside the {n_val} validation samples")
+
+
+def _called(nn_name: str, field: str, entry_point: str, args: dict) -> object:
+    """``entry_point(**args)`` of ``nns.<nn_name>.<field>``; what the user's code raises is :class:`EntryPointFailed`."""
+    factory = load_entry_point(entry_point)
+    try:
+        return factory(**args)
+    except QaoptError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code: named with its NN and entry point
+        raise EntryPointFailed(nn_name, field, entry_point, exc) from exc

@@ -25,7 +25,8 @@ from qaopt.app_spec.lazy import lazy_exports
 
 _EXPORTS = {
     "acceptance": ("AcceptanceTest", "QoSGoal", "Verdict"),
-    "blocks": ("BlockCache", "BlockFailed", "run_blocks"),
+    "app_calls": ("AppFailure", "ApplicationFault", "RunLimits", "call_application"),
+    "blocks": ("BlockCache", "run_blocks"),
     "calibration": ("Calibration", "Progress"),
     "certifiers": ("CERTIFIERS", "Certifier", "ValidityModel", "register_certifier", "unregister_certifier"),
     "error_models": ("AR1", "ERROR_MODELS", "Empirical", "ErrorModel", "ErrorModelType", "Gaussian", "make_error_model",

@@ -30,7 +30,7 @@ class Verdict(str, Enum):
     VALID = "valid"
     INVALID = "invalid"
     UNDECIDED = "undecided"  # max_trials reached without a decision: never certifies a point
-    FAILED = "failed"  # the evaluation itself failed (raised, returned garbage): says nothing
+    FAILED = "failed"  # only read back: an application error recorded by a release before it stopped the run
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ is that loop, once for both:
   still enters the cache when it finishes: runs already paid for are never lost.
 - **Caching.** A block found in the cache is not run; a block that ran is cached once
   its result is accepted, whether it was consumed or finished after the decision.
-- **Failures.** A block whose runs are unusable raises :class:`BlockFailed` (from the
-  caller's ``finish``) when it is consumed and is not cached; an exception of a task
-  itself (an executor or a worker that cannot run the application) propagates as it is.
+- **Failures.** A block whose runs are unusable raises from the caller's ``finish``
+  (calibration and validation raise :class:`~qaopt.calibrate.app_calls.ApplicationFault`)
+  when it is consumed, and is not cached; an exception of a task itself (an executor or a
+  worker that cannot run the application) propagates as it is.
 """
 
 from __future__ import annotations
@@ -36,10 +37,6 @@ T = TypeVar("T")
 """What one task returns (the runs of some of a block's seeds)."""
 R = TypeVar("R")
 """What a block yields and the cache stores."""
-
-
-class BlockFailed(Exception):
-    """A block's runs cannot be used (the evaluator raised, or returned garbage): it has no result and is not cached."""
 
 
 class BlockCache(Protocol[R]):
@@ -90,7 +87,7 @@ def run_blocks(
     (``None``: one task per block): ``run(seeds)`` in this process, or, with an ``executor``
     and ``width`` above 1, ``remote(seeds)`` (picklable; default ``run``) on a worker, up to
     ``width`` tasks in flight. ``finish(seeds, task_results)`` turns a block's task results,
-    in seed order, into its result, or raises :class:`BlockFailed`. ``cache`` stores results.
+    in seed order, into its result, or raises (the block is then not cached). ``cache`` stores results.
     """
     seeds = [list(b) for b in blocks]
     if not all(seeds):
@@ -144,7 +141,7 @@ class _Pending(Generic[T, R]):
             self._left -= 1
             if self._left:
                 return
-        try:  # a cancelled task, a task's exception or BlockFailed: no result, nothing cached
+        try:  # a cancelled task, a task's exception or finish's: no result, nothing cached
             self._result = self._finish(self.seeds, [f.result() for f in self.futures])
             if self._cache is not None:
                 self._cache.put(self.seeds, self._result)
@@ -154,7 +151,7 @@ class _Pending(Generic[T, R]):
             self._settled.set()
 
     def result(self) -> R | None:
-        """The block's result once it has settled; its failure (a task's exception, :class:`BlockFailed`) is raised."""
+        """The block's result once it has settled; its failure (a task's exception, finish's) is raised."""
         self._settled.wait()
         if self._error is not None:
             raise self._error

@@ -9,9 +9,12 @@ folding in any external evidence first. The reference point (every axis at its
 minimum: the least error the space holds) is always evaluated first; if it fails,
 nothing can be valid and the search stops there, saying so.
 
-An evaluator that raises, or returns something that is not one finite QoS
-value per seed, fails only that point: the failure is recorded with its message
-and the search goes on. Nothing is cached for a failed block.
+An evaluator that raises, runs past its time limit, or returns something that is not one
+finite QoS value per seed is an application error, not a measurement
+(:mod:`qaopt.calibrate.app_calls`): after the spec's retries the search stops with
+:class:`~qaopt.calibrate.app_calls.ApplicationFault`, naming the method, the seeds and the
+point. Nothing of the failed block is cached or recorded, so the region of a run after the
+bug is fixed is the region of a run that never had it.
 
 Seed blocks may run on a :class:`concurrent.futures.Executor` (a process pool, a
 Dask cluster's) through the seed-block engine (:func:`~qaopt.calibrate.blocks.run_blocks`):
@@ -31,11 +34,13 @@ from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from qaopt.calibrate.acceptance import AcceptanceTest, QoSGoal, Verdict
-from qaopt.calibrate.blocks import BlockFailed, Given, run_blocks, workers_of
+from qaopt.calibrate.app_calls import ApplicationFault, Outcome, RunLimits, call_application
+from qaopt.calibrate.blocks import Given, run_blocks, workers_of
 from qaopt.calibrate.error_models import ErrorModel
 from qaopt.calibrate.errors import CalibrationError
 from qaopt.calibrate.protocols import Injector, QoSEvaluator, is_qos_value, records_problem
@@ -57,22 +62,20 @@ class Progress:
     observation: Observation | None = None
 
 
-class BadEvaluation(BlockFailed):
-    """An evaluator raised or returned garbage; the point is recorded as failed."""
-
-
-def evaluate_block(make: Callable[[], QoSEvaluator], injectors: Mapping[str, Injector],
-                   seeds: list[int]) -> tuple[list | None, str | None]:
-    """One seed block on a worker: ``(records, None)``, or ``(None, why)`` when the evaluator raised.
+def evaluate_block(make: Callable[[], QoSEvaluator], injectors: Mapping[str, Injector], limits: RunLimits,
+                   metric: str, seeds: list[int]) -> Outcome:
+    """One seed block on a worker: the evaluator's records, or its failure (raised, hung, garbage) to be named.
 
     ``make()`` builds (or returns) the evaluator there; an exception from it is not the
-    point's fault (a worker that cannot build the application) and propagates.
+    block's (a worker that cannot build the application) and propagates.
     """
-    evaluator = make()
-    try:
-        return evaluator.evaluate(injectors, seeds), None
-    except Exception as e:  # noqa: BLE001 - any evaluator failure fails only this point
-        return None, f"evaluator raised {type(e).__name__}: {e}"
+    return call_application(make(), "evaluate", injectors, seeds, limits,
+                            check=partial(records_problem, seeds=seeds, metric=metric))
+
+
+def point_text(errors: Mapping[str, float]) -> str:
+    """A point as the console shows it: ``heading=2.5, distance=0.1``."""
+    return ", ".join(f"{k}={v:.3g}" for k, v in errors.items())
 
 
 class Calibration:
@@ -99,6 +102,7 @@ class Calibration:
         executor: Executor | None = None,
         workers: int | None = None,
         remote_evaluator: Callable[[], QoSEvaluator] | None = None,
+        limits: RunLimits = RunLimits(),
     ):
         space.check_nns(tuple(evaluator.nn_names))
         for a in space.axes:
@@ -112,7 +116,7 @@ class Calibration:
         self.evaluator, self.space, self.models = evaluator, space, dict(models)
         CERTIFIERS.lookup(certifier)  # a misspelt certifier fails before any run, naming the registered ones
         self.goal, self.acceptance, self.app_key = goal, acceptance, app_key
-        self.seed, self.certifier = seed, certifier
+        self.seed, self.certifier, self.limits = seed, certifier, limits
         self.cache = TrialCache(cache_dir)
         self.use(executor, workers, remote_evaluator)
 
@@ -143,7 +147,7 @@ class Calibration:
 
         The seed list is the unit of caching: an evaluator may draw its noise from the
         whole list (the simulator runs it in lock-step), so a run's outcome is only
-        reproducible for the same list. :class:`BadEvaluation` when the evaluator fails.
+        reproducible for the same list. :class:`~qaopt.calibrate.app_calls.ApplicationFault` when the evaluator fails.
         """
         with closing(self._blocks(dict(errors), [seeds], serial=True)) as blocks:
             return self._outcome(next(blocks))
@@ -155,20 +159,20 @@ class Calibration:
         those already running are cached when they finish, so their runs are never lost.
         """
         injectors = self.injectors(errors)
+        options = (injectors, self.limits, self.goal.metric)
         return run_blocks(
-            seeds, partial(evaluate_block, Given(self.evaluator), injectors), self._accept,
-            executor=None if serial else self.executor, remote=partial(evaluate_block, self._remote, injectors),
+            seeds, partial(evaluate_block, Given(self.evaluator), *options), partial(self._accept, errors),
+            executor=None if serial else self.executor, remote=partial(evaluate_block, self._remote, *options),
             width=self.workers, cache=PointTrials(self.cache, self.app_key, self.injection(errors), self.goal.metric))
 
-    def _accept(self, seeds: list[int], results: list[tuple[list | None, str | None]]) -> list[dict]:
-        """A block's records from its one :func:`evaluate_block` call, checked and made plain; :class:`BadEvaluation` if unusable."""
-        [(raw, why)] = results
-        if why is not None:
-            raise BadEvaluation(why)
-        problem = records_problem(raw, seeds, self.goal.metric)
-        if problem:
-            raise BadEvaluation(f"evaluator returned {problem}")
-        return [{k: float(v) for k, v in r.items() if is_qos_value(v)} for r in raw or ()]
+    @staticmethod
+    def _accept(errors: dict[str, float], seeds: list[int], results: list[Outcome]) -> list[dict]:
+        """A block's records from its one :func:`evaluate_block` call, made plain; :class:`ApplicationFault` if it failed."""
+        [outcome] = results
+        if outcome.failure is not None:
+            raise ApplicationFault.raised(outcome.failure, f"calibration point {point_text(errors)}")
+        raw: Any = outcome.result
+        return [{k: float(v) for k, v in r.items() if is_qos_value(v)} for r in raw]
 
     def _outcome(self, records: list[dict]) -> list[bool]:
         return [self.goal.passes(r[self.goal.metric]) for r in records]
@@ -204,8 +208,6 @@ class Calibration:
                     verdict = self.acceptance.decide(failures, passes + failures)
                     if verdict is not Verdict.UNDECIDED:
                         break
-        except BadEvaluation as e:
-            return Observation(errors, passes, failures, Verdict.FAILED, message=str(e))
         finally:
             blocks.close()
         if more is not None:
@@ -219,10 +221,7 @@ class Calibration:
         which no search uses.
         """
         errors = dict(errors)
-        try:
-            outcome = self.run_seeds(errors, list(range(first_seed, first_seed + trials)))
-        except BadEvaluation as e:
-            return Observation(errors, 0, 0, Verdict.FAILED, message=str(e))
+        outcome = self.run_seeds(errors, list(range(first_seed, first_seed + trials)))
         fails = len(outcome) - sum(outcome)
         return Observation(errors, sum(outcome), fails, self.acceptance.decide_fixed(fails, len(outcome)))
 
@@ -288,7 +287,7 @@ class Calibration:
             spent += 1
             total += ob.trials
             region.add(ob)
-            strat.tell(x, None if ob.verdict is Verdict.FAILED else ob.verdict is Verdict.VALID,
+            strat.tell(x, ob.verdict is Verdict.VALID,
                        ob.passes, ob.failures)
             if progress:
                 progress(Progress(spent, budget, errors, ob.trials, total, ob))

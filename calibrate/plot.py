@@ -33,6 +33,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.image import AxesImage  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from qaopt.app_spec import store  # noqa: E402
 from qaopt.calibrate.errors import CalibrationError  # noqa: E402
 from qaopt.calibrate.space import ErrorSpace  # noqa: E402
 
@@ -232,8 +233,8 @@ def plot_region(
     fig.suptitle(f"{region.info.get('strategy', '')} · {region.evaluations} evaluations, {region.trials} runs",
                  fontsize=10)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with store.atomic_path(path) as tmp:  # a kill or a full disk never leaves half a picture
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 

@@ -24,6 +24,7 @@ against them, and ``qaopt validate`` runs that check on a spec's simulator.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,7 +81,8 @@ class Application(QoSEvaluator, Protocol):
     ``render_threads`` is how many threads the application may use to produce the
     NNs' inputs (rendering frames, decoding logs); qaopt passes the target's thread
     count. It must never change the results, only how fast they come; an application
-    that has nothing to parallelise accepts it and ignores it.
+    that has nothing to parallelise may leave it out of its signature (it was added after
+    the first release: :func:`declared_options`).
     """
 
     def evaluate_perception(
@@ -117,6 +119,24 @@ class Recorder(Protocol):
     """
 
     def record_perception(self, nns: Mapping[str, Perception], seeds: Sequence[int], steps: int) -> Mapping[str, Recording]: ...
+
+
+def declared_options(fn: Callable[..., Any], **options: Any) -> dict[str, Any]:
+    """The ``options`` (optional protocol parameters) that ``fn`` declares, by name or through ``**kwargs``.
+
+    The compatibility promise of the protocol: a parameter added to a method after an
+    application was written has a default and is passed only to methods that declare it,
+    so an application written against an earlier release keeps working unchanged. A
+    callable without a signature (a builtin) gets them all.
+    """
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return dict(options)
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return dict(options)
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in options.items() if k in names}
 
 
 def is_qos_value(v: object) -> bool:

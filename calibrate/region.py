@@ -327,8 +327,8 @@ class ErrorRegion:
     def load(cls, path: str | Path) -> ErrorRegion:
         """Read a saved region; a missing, torn or malformed file raises :class:`CalibrationError`."""
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            data = json.loads(Path(path).read_bytes().decode())
+        except (OSError, ValueError) as e:  # ValueError: undecodable bytes (UnicodeDecodeError) or JSON
             raise CalibrationError(f"{path}: cannot read the region ({e}); run `qaopt calibrate` again") from e
         if not isinstance(data, Mapping):
             raise CalibrationError(f"{path}: not a region file; run `qaopt calibrate` again")

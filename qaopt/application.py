@@ -11,7 +11,9 @@ What is checked, in order:
 1. ``nn_names`` is a non-empty tuple or list of distinct strings, and, with a spec,
    holds every NN of the spec's ``nns``;
 2. ``evaluate`` (and ``evaluate_perception`` when ``closed_loop``) can be called as
-   the protocol declares them (the same arguments, by the same names);
+   the protocol declares them (the same arguments, by the same names); an optional
+   parameter the protocol added later (``render_threads``) may be left out: such an
+   application is supported, it is never passed one, and the check returns a note;
 3. ``evaluate`` with no injected error and with an injector per NN returns one dict
    of real numbers per seed, holding the QoS metric (the spec's ``qos.metric``, or
    ``metric``) as a finite number, and calls each NN's injector;
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qaopt.app_spec.errors import QaoptError
-from qaopt.calibrate.protocols import Application, QoSEvaluator, is_qos_value, records_problem
+from qaopt.calibrate.protocols import Application, QoSEvaluator, declared_options, is_qos_value, records_problem
 
 if TYPE_CHECKING:
     from qaopt.app_spec import AppSpec
@@ -71,7 +73,8 @@ def check_methods(app: object, protocol: type = Application) -> None:
 
 
 def check_method(app: object, method: str, protocol: type = Application) -> None:
-    """Check that ``app.method`` exists and accepts the arguments ``protocol`` declares for it."""
+    """Check that ``app.method`` exists and accepts the arguments ``protocol`` declares for it (its optional ones
+    only if it declares them: :func:`qaopt.calibrate.protocols.declared_options`)."""
     declared = _declared_call(protocol, method)
     name = type(app).__name__
     fn = getattr(app, method, None)
@@ -86,7 +89,7 @@ def check_method(app: object, method: str, protocol: type = Application) -> None
     params = [p for p in inspect.signature(getattr(protocol, method)).parameters.values() if p.name != "self"]
     try:
         signature.bind(*[None for p in params if p.default is p.empty],
-                       **{p.name: None for p in params if p.default is not p.empty})
+                       **declared_options(fn, **{p.name: None for p in params if p.default is not p.empty}))
     except TypeError as exc:
         raise ApplicationError(
             f"{name}.{method}{_call_form(signature)} cannot be called as the protocol declares it, "
@@ -101,8 +104,12 @@ def check_application(
     metric: str | None = None,
     seeds: Sequence[int] = CHECK_SEEDS,
     closed_loop: bool = True,
-) -> None:
+) -> list[str]:
     """Check that ``app`` keeps the application protocol; raise :class:`ApplicationError` naming what is wrong.
+
+    Returns notes on what is supported but older than the protocol: a method that leaves out
+    an optional parameter added later (``evaluate_perception(nns, seeds)`` without
+    ``render_threads``) is called without it.
 
     ``spec`` (an :class:`~qaopt.app_spec.AppSpec`) supplies the QoS metric that must be
     in every record and the NN names the application must have; ``metric`` names the
@@ -129,6 +136,7 @@ def check_application(
         return f"{name}.{method}({{{', '.join(f'{k!r}: ...' for k in arg)}}}, seeds={seeds}{given})"
 
     def call(method: str, arg: Mapping[str, Any], **options: Any) -> object:
+        options = declared_options(getattr(app, method), **options)
         try:
             return getattr(app, method)(dict(arg), list(seeds), **options)
         except Exception as exc:
@@ -160,7 +168,7 @@ def check_application(
             "injector(truth, rng, t) at every perception step"
         )
     if not closed_loop:
-        return
+        return []
     run("evaluate_perception", {}, render_threads=1)
     for nn in nn_names:
         seen: list[object] = []
@@ -179,6 +187,24 @@ def check_application(
                 f"{name}.evaluate_perception called NN {nn!r} with a {type(seen[0]).__name__}; an NN takes a "
                 "batch of inputs, an array of shape (batch, ...)"
             )
+    return older_signatures(app, protocol)
+
+
+def older_signatures(app: object, protocol: type = Application) -> list[str]:
+    """A note per method of ``app`` that leaves out optional parameters of ``protocol``: supported, never passed."""
+    notes = []
+    for method in _declared_methods(protocol):
+        fn = getattr(app, method)
+        optional = [p.name for p in inspect.signature(getattr(protocol, method)).parameters.values()
+                    if p.default is not p.empty]
+        left_out = [n for n in optional if n not in declared_options(fn, **{n: None for n in optional})]
+        if left_out:
+            notes.append(
+                f"{type(app).__name__}.{method} does not declare {', '.join(left_out)} (an optional parameter "
+                f"added to the protocol after it was written): supported, qaopt calls it without "
+                f"{'them' if len(left_out) > 1 else 'it'}; declare {method}{_declared_call(protocol, method)} "
+                "to use it")
+    return notes
 
 
 def _declared_methods(protocol: type) -> list[str]:

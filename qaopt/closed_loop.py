@@ -29,9 +29,10 @@ import numpy as np
 from qaopt.app_spec import content_hash, store
 from qaopt.application import check_method
 from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, Verdict
+from qaopt.calibrate.app_calls import ApplicationFault, Outcome, RunLimits
 from qaopt.calibrate.blocks import BlockCache, Given, run_blocks, workers_of
 from qaopt.calibrate.protocols import records_problem
-from qaopt.executor import run_perception_block
+from qaopt.executor import run_perception_block, run_perception_seeds
 from qaopt.result import RunMetric, Validation
 
 VALIDATION_SEED_BASE = 5_000_000
@@ -74,6 +75,7 @@ def validate_closed_loop(
     remote: Callable[[], Application] | None = None,
     on_block: Callable[[BlockProgress], None] | None = None,
     cache: BlockCache[list[Mapping[str, float]]] | None = None,
+    limits: RunLimits = RunLimits(),
 ) -> Validation:
     """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them by ``goal`` and the acceptance ``test``.
 
@@ -90,17 +92,21 @@ def validate_closed_loop(
     outcomes are consumed in block order, so the result does not depend on the workers.
     ``on_block`` sees the progress after every block. ``cache`` (a :class:`ValidationBlocks`
     of these NNs) keeps every finished block and serves those it holds without running them.
+    ``limits`` bound each call of the application; one that raises, hangs or returns garbage
+    stops the validation with :class:`~qaopt.calibrate.app_calls.ApplicationFault` and its
+    block is not stored.
     """
     check_method(evaluator, "evaluate_perception")
     tolerated = acceptable_failures(test, runs)
     records: list[Mapping[str, float]] = []
     failures = 0
+    where = f"closed-loop validation of {'the reference NNs' if trial is None else f'trial {trial}'}"
     blocks = run_blocks(
         validation_blocks(runs, test.min_trials, seed_base),
-        lambda seeds: evaluator.evaluate_perception(dict(nns), seeds, render_threads=threads), _joined,
-        executor=executor, width=workers_of(executor, workers), chunk=RUN_CHUNK,
-        remote=partial(run_perception_block, remote if remote is not None else Given(evaluator), dict(nns),
-                       render_threads=threads), cache=cache)
+        partial(run_perception_seeds, evaluator, dict(nns), limits, goal.metric, render_threads=threads),
+        partial(_joined, where), executor=executor, width=workers_of(executor, workers), chunk=RUN_CHUNK,
+        remote=partial(run_perception_block, remote if remote is not None else Given(evaluator), dict(nns), limits,
+                       goal.metric, render_threads=threads), cache=cache)
     try:
         for block in blocks:
             records += block
@@ -178,9 +184,12 @@ class ValidationBlocks:
         store.write_json(self._path(seeds), type(self).__name__, VALIDATION_BLOCKS_VERSION, plain)
 
 
-def _joined(_seeds: list[int], tasks: list[list[Mapping[str, float]]]) -> list[Mapping[str, float]]:
-    """A block's records: its tasks' records in seed order."""
-    return [r for task in tasks for r in task]
+def _joined(where: str, _seeds: list[int], tasks: list[Outcome]) -> list[Mapping[str, float]]:
+    """A block's records: its tasks' records in seed order; :class:`ApplicationFault` for the first task that failed."""
+    for task in tasks:
+        if task.failure is not None:
+            raise ApplicationFault.raised(task.failure, where)
+    return [r for task in tasks for r in task.result]
 
 
 def run_metrics(records: list[Mapping[str, float]], seed_base: int, goal: QoSGoal) -> dict:

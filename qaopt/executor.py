@@ -29,16 +29,21 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from qaopt.app_spec import AppSpec, QaoptError
+from qaopt.app_spec.errors import warn
+from qaopt.calibrate.app_calls import Outcome, RunLimits, call_application
+from qaopt.calibrate.protocols import records_problem
 
 WORKERS_ENV = "QAOPT_WORKERS"
 """Overrides the default size of the local pool (``1``: everything runs in this process, no pool)."""
@@ -126,8 +131,12 @@ class Gated:
 def _init_worker(cores: tuple[int, ...] = ()) -> None:
     """One thread per worker for torch, OpenMP and numba: the pool's processes are the parallelism.
 
-    With ``cores``, the worker (and every thread it starts) runs only on them.
+    With ``cores``, the worker (and every thread it starts) runs only on them. A worker
+    ignores SIGINT: Ctrl-C at a terminal reaches the whole process group, and the parent
+    decides (it prints one line and ends its workers, :func:`open_executor`) instead of every
+    worker printing its ``KeyboardInterrupt`` traceback.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     if cores:
@@ -160,11 +169,12 @@ class LocalPool(Executor):
                                    initializer=_init_worker, initargs=(self.cores,))
 
     def _renew(self, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
-        """A working pool in place of ``broken`` (once, whichever task noticed first)."""
+        """A working pool in place of ``broken`` (once, whichever task noticed first), said in one warning line."""
         with self._lock:
             if self._pool is broken and not self._closed:
                 broken.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
+                warn(f"a worker of the {self.where} was lost (killed, or out of memory); its runs are run again")
             return self._pool
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
@@ -192,6 +202,11 @@ class LocalPool(Executor):
             if isinstance(exc, BrokenProcessPool) and left > 0 and not self._closed:
                 self._renew(pool)  # a worker died: its task (and every other task of that pool) runs again
                 self._launch(outer, fn, args, kwargs, left - 1)
+            elif isinstance(exc, BrokenProcessPool) and not self._closed:
+                outer.set_exception(ExecutorError(
+                    f"a worker of the {self.where} died {self.retries + 1} times running the same task: the "
+                    "application crashes its process (a segfault, os._exit, out of memory); run with --workers 1 "
+                    "to see its own error"))
             elif exc is not None:
                 outer.set_exception(exc)
             else:
@@ -205,6 +220,13 @@ class LocalPool(Executor):
             self._closed = True
             pool = self._pool
         pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def terminate(self) -> None:
+        """End the pool now, its workers' runs in flight included: the command is stopping (Ctrl-C, an error)."""
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())  # shutdown forgets them
+        self.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
 
 
 # --------------------------------------------------------------------------- Dask
@@ -323,6 +345,10 @@ def open_executor(
         ex = LocalPool(n, device_key=device_key, reserved=reserved)
     try:
         yield ex
+    except BaseException:
+        if isinstance(ex, LocalPool):  # stopping: runs in flight are not waited for (finished blocks are cached)
+            ex.terminate()
+        raise
     finally:
         ex.shutdown(wait=False, cancel_futures=True)
 
@@ -387,7 +413,10 @@ class ShippedNN:
     """A candidate NN as a picklable perception callable: its torch module, or its int8 ONNX file's bytes.
 
     Built from a :class:`qaopt.approx.Candidate` here and sent to workers by value, so
-    they need no shared cache to run it. Its ONNX Runtime session is opened on first
+    they need no shared cache to run it. The torch module travels as the bytes of
+    ``torch.save``: a pool pickles tensors otherwise by handing their file descriptors over
+    from a server thread of this process, which prints a ``ConnectionResetError`` traceback
+    when a worker is lost mid-transfer. Its ONNX Runtime session is opened on first
     call in the worker, with one thread, by the session factory every other session
     comes from (:func:`qaopt.kernels.onnx.ort_session`).
     """
@@ -398,9 +427,28 @@ class ShippedNN:
         self.onnx = Path(candidate.onnx_path).read_bytes() if candidate.onnx_path is not None else None
         self.columns = None if candidate.columns is None else list(candidate.columns)
         self._session = None
+        self._module_bytes: bytes | None = None
 
     def __getstate__(self) -> dict:
-        return {"key": self.key, "module": self.module, "onnx": self.onnx, "columns": self.columns, "_session": None}
+        if self.module is not None and self._module_bytes is None:
+            import io
+
+            import torch
+
+            buffer = io.BytesIO()
+            torch.save(self.module, buffer)
+            self._module_bytes = buffer.getvalue()
+        return {"key": self.key, "module": self._module_bytes, "onnx": self.onnx, "columns": self.columns}
+
+    def __setstate__(self, state: dict) -> None:
+        module = state.pop("module")
+        self.__dict__.update(state, _session=None, _module_bytes=module, module=None)
+        if module is not None:
+            import io
+
+            import torch
+
+            self.module = torch.load(io.BytesIO(module), weights_only=False)
 
     def __call__(self, x: Any) -> Any:
         from qaopt.approx.quantize import predict_onnx, predict_torch
@@ -416,9 +464,17 @@ class ShippedNN:
         return out if self.columns is None else out[:, self.columns]
 
 
-def run_perception_block(make: Callable[[], Any], nns: Mapping[str, Callable], seeds: Sequence[int],
-                         render_threads: int = 1) -> list[dict[str, float]]:
+def run_perception_seeds(app: Any, nns: Mapping[str, Callable], limits: RunLimits, metric: str,
+                         seeds: Sequence[int], render_threads: int = 1) -> Outcome:
+    """Closed-loop runs of ``seeds`` with ``nns`` in the loop, within ``limits``: their records, or the failure."""
+    return call_application(app, "evaluate_perception", dict(nns), list(seeds), limits,
+                            check=partial(records_problem, seeds=list(seeds), metric=metric),
+                            render_threads=render_threads)
+
+
+def run_perception_block(make: Callable[[], Any], nns: Mapping[str, Callable], limits: RunLimits, metric: str,
+                         seeds: Sequence[int], render_threads: int = 1) -> Outcome:
     """One closed-loop validation block on a worker: the application built there, the NNs shipped to it."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
-    return make().evaluate_perception(dict(nns), list(seeds), render_threads=render_threads)
+    return run_perception_seeds(make(), nns, limits, metric, seeds, render_threads=render_threads)

@@ -28,7 +28,8 @@ from qaopt.app_spec import AppSpec, load_entry_point, store
 from qaopt.app_spec.errors import QaoptError
 from qaopt.app_spec.hashing import content_hash
 from qaopt.calibrate import Recorder, Recording
-from qaopt.spec_adapter import make_evaluator, simulator_key
+from qaopt.calibrate.app_calls import ApplicationFault, call_application
+from qaopt.spec_adapter import limits_of, make_evaluator, simulator_key
 
 ON_POLICY_SEED_BASE = 7_000_000
 """Drive seeds are disjoint from calibration's, validation's (5,000,000 + ...) and those of simulators' own
@@ -125,9 +126,16 @@ def record(spec: AppSpec, evaluator: Recorder, nns: Mapping[str, Any], simulator
     key = content_hash(RECORDING_VERSION, simulator, dict(sorted(fingerprints.items())), drive_seeds(spec), plan.steps)
     path = cache_dir / "on_policy" / f"{key}.pkl"
     if path.exists():
-        with open(path, "rb") as f:
-            return pickle.load(f), key
-    recordings = dict(evaluator.record_perception(nns, drive_seeds(spec), plan.steps))
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f), key
+        except Exception as exc:  # noqa: BLE001 - a damaged pickle raises anything from EOFError to KeyError
+            store.set_aside(path, f"it does not load: {type(exc).__name__}")
+    outcome = call_application(evaluator, "record_perception", nns, drive_seeds(spec), limits_of(spec),
+                               extra=(plan.steps,))
+    if outcome.failure is not None:
+        raise ApplicationFault.raised(outcome.failure, "on-policy drives with the reference NNs")
+    recordings = dict(outcome.result)
     _check(spec, recordings, nns)
     path.parent.mkdir(parents=True, exist_ok=True)
     with store.atomic_path(path) as tmp, open(tmp, "wb") as f:

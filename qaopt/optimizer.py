@@ -36,6 +36,7 @@ from qaopt.profiles import Profile
 from qaopt.result import Result
 from qaopt.search import OptimizeError, open_storage
 from qaopt.spec import check_spec, load_spec
+from qaopt.spec_adapter import check_nn_shapes, with_time_limit
 from qaopt.stages.report import ReportStage
 
 
@@ -52,6 +53,7 @@ def optimize(
     cluster: str | None = None,
     workers: int | None = None,
     quiet: bool = False,
+    time_limit: float | None = None,
 ) -> Result:
     """Optimize the application ``spec`` describes; returns what ``result.json`` holds.
 
@@ -65,12 +67,15 @@ def optimize(
     ``cluster`` (a Dask scheduler's address, else the spec's ``output.cluster``) or a local
     pool of ``workers`` processes (default: this machine's cores) runs calibration's and
     closed-loop validation's simulator runs (:mod:`qaopt.executor`); the result is the same
-    for any number of workers. ``quiet`` shows no progress bars, only log lines.
+    for any number of workers. ``quiet`` shows no progress bars, only log lines. ``time_limit``
+    overrides the spec's ``output.time_limit_s``: the seconds one simulator call may take.
     """
     if region is not None and calibration_budget is not None:
         raise OptimizeError("--calibration-budget sets the budget of a new calibration; with --region nothing is "
                             "calibrated: give one of them")
     spec = check_spec(spec) if isinstance(spec, AppSpec) else load_spec(spec, check_entry_points=True)
+    spec = with_time_limit(spec, time_limit)
+    check_nn_shapes(spec)  # every NN built from its entry points now, not after calibration has run for minutes
     console = console or Console(stderr=True, log_path=False)  # where a line was logged means nothing to a user
     plan = build_plan(spec, profile, out=out, storage=storage, trials=trials, region=region,
                       calibration_budget=calibration_budget, say=console.log)

@@ -28,9 +28,10 @@ from qaopt.calibrate import (
     Evidence,
     Progress,
     QoSGoal,
+    RunLimits,
 )
 from qaopt.profiles import Profile, get_profile
-from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, make_evaluator
+from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, limits_of, make_evaluator
 from qaopt.target_fit import LeftOut, fit_target
 
 AGNOSTIC_TOLERANCE = 0.02
@@ -88,6 +89,11 @@ class BoundApplication:
     def evaluator(self) -> Application:
         """A new instance of the application's simulator (this process)."""
         return make_evaluator(self._spec)
+
+    @property
+    def limits(self) -> RunLimits:
+        """How long one simulator call may take and how often a failed one is tried again."""
+        return limits_of(self._spec)
 
     def remote(self) -> Callable[[], Application]:
         """A picklable factory a pool worker builds the application with."""

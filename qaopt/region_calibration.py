@@ -35,7 +35,8 @@ from qaopt.calibrate import (
 )
 from qaopt.calibrate.plot import plotted_axes, slice_levels
 from qaopt.on_policy import reference_residuals
-from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, make_evaluator, simulator_key, space_of
+from qaopt.spec_adapter import (acceptance_of, cache_dir_of, goal_of, limits_of, make_evaluator, simulator_key,
+                                  space_of)
 
 
 def error_models_of(
@@ -94,7 +95,8 @@ def build_calibration(
     # The simulator alone keys its runs: adding a field store must not discard them.
     return Calibration(evaluator, space_of(spec), models, goal_of(spec), acceptance_of(spec), cache,
                        simulator_key(spec, evaluator), seed=spec.calibration.seed,
-                       certifier=spec.calibration.certifier, executor=executor, remote_evaluator=remote)
+                       certifier=spec.calibration.certifier, executor=executor, remote_evaluator=remote,
+                       limits=limits_of(spec))
 
 
 def calibrate_spec(

@@ -116,7 +116,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
 def plot_pareto(result: Result, path: Path) -> Path:
     """Write :func:`pareto_figure` of ``result`` to ``path``."""
     fig = pareto_figure(result)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with store.atomic_path(path) as tmp:  # a kill or a full disk never leaves half a picture
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
     plt.close(fig)
     return path
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qaopt.app_spec import store
+from qaopt.app_spec import QaoptError, store
 
 Schedule = Literal["sequential", "parallel"]
 
@@ -337,4 +337,10 @@ class Result(_Model):
 
     @classmethod
     def load(cls, path: str | Path) -> Result:
-        return cls.model_validate_json(Path(path).read_text())
+        """A run's result; a missing or damaged file is a :class:`QaoptError` naming it and the fix."""
+        try:
+            return cls.model_validate_json(Path(path).read_bytes())
+        except (OSError, ValueError) as exc:  # ValueError: pydantic's ValidationError, undecodable bytes
+            why = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}, {str(exc).splitlines()[0]}"
+            raise QaoptError(f"{path}: cannot read the run's result ({why}); run `qaopt optimize SPEC` again: it "
+                             "resumes from the cache and writes it anew") from None

@@ -35,6 +35,7 @@ from qaopt.calibrate import (
     ErrorSpace,
     QoSEvaluator,
     QoSGoal,
+    RunLimits,
 )
 from qaopt.spec import located, problem
 
@@ -56,6 +57,21 @@ def acceptance_of(spec: AppSpec) -> AcceptanceTest:
     """The spec's acceptance test; one seed block is ``min_trials`` runs (the first look)."""
     a = spec.qos.acceptance
     return AcceptanceTest(a.max_failure_rate, a.confidence, a.min_trials, a.max_trials, block=a.min_trials)
+
+
+def limits_of(spec: AppSpec) -> RunLimits:
+    """How long one simulator call may take and how often a failed one is tried again (``output.time_limit_s``,
+    ``output.retries``): execution settings, so like the rest of ``output`` they key no cached result."""
+    return RunLimits(spec.output.time_limit_s, spec.output.retries)
+
+
+def with_time_limit(spec: AppSpec, seconds: float | None) -> AppSpec:
+    """``spec`` with ``--time-limit SECONDS`` in place of its ``output.time_limit_s`` (``None``: the spec's own)."""
+    if seconds is None:
+        return spec
+    if not seconds > 0:
+        raise QaoptError(f"--time-limit {seconds:g}: give the seconds one simulator call may take, more than 0")
+    return spec.model_copy(update={"output": spec.output.model_copy(update={"time_limit_s": float(seconds)})})
 
 
 def make_evaluator(spec: AppSpec, *, check_runs: bool = False) -> QoSEvaluator:
@@ -105,7 +121,7 @@ def check_nn_shapes(spec: AppSpec) -> None:
     which may build or load their data the first time. Raises :class:`SpecError`
     with one located problem per NN at fault.
     """
-    from qaopt.approx import TargetNN  # heavy (torch): only when asked to
+    from qaopt.approx import EntryPointFailed, TargetNN  # heavy (torch): only when asked to
 
     problems = []
     for name, nn in spec.nns.items():
@@ -113,14 +129,15 @@ def check_nn_shapes(spec: AppSpec) -> None:
             target = TargetNN.from_spec(name, nn)  # checks the data's shapes against input_shape
             _check_sample(target, nn.input_shape, len(nn.outputs))
             problems += _pass_problems(spec, name, target)
-        except _ShapeError as exc:
-            problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": str(exc)}])
+        except (_ShapeError, EntryPointFailed) as exc:
+            message = exc.detail if isinstance(exc, EntryPointFailed) else str(exc)
+            problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": message}])
         except QaoptError as exc:  # a message that starts with its field (nns.a.weights: ...) is placed there
             loc = ("nns", name, "input_shape") if "input_shape" in str(exc) else ("nns", name)
             problems += located(spec, [{"loc": loc, "msg": str(exc)}])
-        except Exception as exc:  # noqa: BLE001 - the user's model or data code failed
-            problems += located(spec, [{"loc": ("nns", name), "msg": f"loading the model and data raised "
-                                                                   f"{type(exc).__name__}: {exc}"}])
+        except Exception as exc:  # noqa: BLE001 - the user's NN failed on its own data
+            problems += located(spec, [{"loc": ("nns", name), "msg": f"running a sample of its data through the NN "
+                                                                   f"raised {type(exc).__name__}: {exc}"}])
     if problems:
         raise SpecError(problems)
 

@@ -51,11 +51,6 @@ class NoPerception:
         return TinyEvaluator().evaluate(injectors, seeds)
 
 
-class OldSignature(TinyEvaluator):
-    def evaluate_perception(self, nns, seeds):  # no render_threads
-        return super().evaluate_perception(nns, seeds)
-
-
 class ReturnsADict(TinyEvaluator):
     def evaluate(self, injectors, seeds):
         return {s: r for s, r in zip(seeds, super().evaluate(injectors, seeds))}
@@ -107,8 +102,6 @@ class OtherNames(TinyEvaluator):
 
 @pytest.mark.parametrize("app,message", [
     (NoPerception(), r"NoPerception has no method evaluate_perception\(nns, seeds, render_threads=1\)"),
-    (OldSignature(), r"OldSignature.evaluate_perception\(nns, seeds\) cannot be called as the protocol declares it, "
-                     r"evaluate_perception\(nns, seeds, render_threads=1\)"),
     (ReturnsADict(), r"ReturnsADict.evaluate\(\{\}, seeds=\[0, 1\]\) returned a dict instead of a list"),
     (MissesTheMetric(), r"MissesTheMetric.evaluate\(\{\}, seeds=\[0, 1\]\) returned no finite 'crashes' for seed 0"),
     (ReturnsAString(), r"ReturnsAString.evaluate_perception\(\{\}, seeds=\[0, 1\], render_threads=1\) returned "

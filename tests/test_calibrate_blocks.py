@@ -11,7 +11,7 @@ from contextlib import closing
 
 import pytest
 
-from qaopt.calibrate.blocks import BlockFailed, run_blocks, workers_of
+from qaopt.calibrate.blocks import run_blocks, workers_of
 
 BLOCKS = [list(range(10 * b, 10 * b + 4)) for b in range(8)]
 """Runs' results are their seeds' squares; the cumulative sums after each block are 14, 548, 2402, 6376, ..."""
@@ -113,6 +113,10 @@ def test_a_cached_block_is_not_run_again(workers):
     assert got == [squares(BLOCKS[0]), [-1], squares(BLOCKS[2]), squares(BLOCKS[3])]
     assert sorted(log.ran) == [BLOCKS[0], BLOCKS[2], BLOCKS[3]]
     assert cache.content[tuple(BLOCKS[1])] == [-1] and cache.content[tuple(BLOCKS[3])] == squares(BLOCKS[3])
+
+
+class BlockFailed(Exception):
+    """What a caller's ``finish`` raises for a block whose runs it cannot use."""
 
 
 def refused(seeds: list[int], tasks: list[list[int]]) -> list[int]:

@@ -7,14 +7,13 @@ truth measures the strategies, not the noise.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from scipy.stats import qmc
 
 from qaopt.calibrate import (
     AcceptanceTest,
+    ApplicationFault,
     Axis,
     Calibration,
     CalibrationError,
@@ -102,39 +101,37 @@ def test_points_implied_by_monotonicity_cost_nothing(tmp_path):
 
 
 class FlakyApp(SuperellipseApp):
-    """Raises at one point and returns garbage at another."""
+    """Raises on its first call, returns garbage on its second."""
 
     def evaluate(self, injectors, seeds):
-        level = {nn: abs(inj(np.zeros(1), np.random.default_rng(0), 0)[0]) for nn, inj in injectors.items()}
-        if self.calls == 0:
-            self.calls += 1
-            raise RuntimeError("simulator crashed")
+        self.calls += 1
         if self.calls == 1:
-            self.calls += 1
+            raise RuntimeError("simulator crashed")
+        if self.calls == 2:
             return [{"failed": float("nan")}] * len(seeds)
-        assert level is not None
         return super().evaluate(injectors, seeds)
 
 
-def test_a_failing_evaluator_fails_one_point_and_the_search_goes_on(tmp_path):
+def test_a_failing_evaluator_stops_the_search_naming_the_point_and_seeds(tmp_path):
     cal = make_cal(tmp_path, app=FlakyApp({"a": 1.0, "b": 1.0}, steps=500))
-    region = cal.search("monotone", 8)
-    failed = [o for o in region.observations if o.verdict is Verdict.FAILED]
-    assert failed[0].message == "evaluator raised RuntimeError: simulator crashed"
-    assert re.fullmatch(r"evaluator returned no finite 'failed' for seed \d+ \(got \{'failed': nan\}\)", failed[1].message)
-    assert region.evaluations == 8
-    assert len({tuple(o.errors.values()) for o in region.observations}) == 8  # a failed point is not re-asked
-    assert sum(p.valid for p in region.labelled()) >= 1
+    with pytest.raises(ApplicationFault, match=r"application error: FlakyApp.evaluate raised RuntimeError: simulator "
+                                               r"crashed on seeds \d+\.\.\d+ \(calibration point a=0, b=0\)"):
+        cal.search("monotone", 8)
+    with pytest.raises(ApplicationFault, match=r"FlakyApp.evaluate returned no finite 'failed' for seed \d+ "
+                                               r"\(got \{'failed': nan\}\)"):
+        cal.search("monotone", 8)
+    assert not list(tmp_path.rglob("*.json"))  # nothing of the failed blocks was cached
+    assert cal.search("monotone", 8).evaluations == 8  # the third call on works
 
 
-def test_wrong_number_of_results_is_a_failed_evaluation(tmp_path):
+def test_wrong_number_of_results_is_an_application_error(tmp_path):
     class Short(SuperellipseApp):
         def evaluate(self, injectors, seeds):
             return super().evaluate(injectors, seeds)[:-1]
 
     cal = make_cal(tmp_path, app=Short({"a": 1.0, "b": 1.0}, steps=10))
-    ob = cal.evaluate({"a": 0.1, "b": 0.1})
-    assert ob.verdict is Verdict.FAILED and "7 results for 8 seeds" in ob.message
+    with pytest.raises(ApplicationFault, match="returned 7 results for 8 seeds"):
+        cal.evaluate({"a": 0.1, "b": 0.1})
 
 
 def test_bad_input_is_a_clear_error(tmp_path):

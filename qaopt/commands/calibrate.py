@@ -33,6 +33,10 @@ def calibrate(
         None, "--workers", min=1, help="Processes of the local pool (default: this machine's cores; 1 runs "
         "everything in this process), or the most seed blocks in flight on --cluster."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, only one line per point."),
+    time_limit: float | None = typer.Option(
+        None, "--time-limit", min=0.001, help="Wall-clock seconds one simulator call (a block of seeded runs) may "
+        "take before it counts as hung and the run stops naming its seeds (default: the spec's output.time_limit_s, "
+        "1800)."),
 ) -> None:
     """Inject errors into the NNs of the simulated application and map the valid error region.
 
@@ -45,10 +49,12 @@ def calibrate(
     same for any number of workers.
     """
     from qaopt.calibrate import Verdict  # scipy/sklearn: only when a calibration runs
+    from qaopt.calibrate.calibration import point_text
     from qaopt.executor import open_executor
     from qaopt.field.evidence import spec_evidence
     from qaopt.region_calibration import build_calibration, calibrate_spec, plot_spec_region
     from qaopt.console import stage_progress
+    from qaopt.spec_adapter import with_time_limit
 
     plot_axes, plot_at = _axis_names(axes), _levels(at or [])
     if plot:
@@ -58,7 +64,7 @@ def calibrate(
         path = plot_spec_region(load_spec(spec), out, plot_axes, plot_at)  # no entry point: nothing runs
         Console().print(f"wrote {path}")
         return
-    app_spec = load_spec(spec, check_entry_points=True)
+    app_spec = with_time_limit(load_spec(spec, check_entry_points=True), time_limit)
     console = Console()
     cal = build_calibration(app_spec)
     field = spec_evidence(app_spec)  # runs logged in evaluator.field.store, if the spec names one
@@ -71,21 +77,20 @@ def calibrate(
         task = bar.add_task("", total=max(total, 1))
 
         def show(step) -> None:  # a qaopt.calibrate.Progress
-            point = ", ".join(f"{k}={v:.3g}" for k, v in step.errors.items())
+            point = point_text(step.errors)
             if step.observation is None:
                 bar.update(task, description=f"{point}: {step.trials} runs")
                 return
             ob = step.observation
             bar.update(task, completed=step.evaluation, description=f"{point}: {ob.verdict.value}")
             mark = {Verdict.VALID: "[green]valid", Verdict.INVALID: "[red]invalid",
-                    Verdict.UNDECIDED: "[yellow]undecided", Verdict.FAILED: "[magenta]failed"}[ob.verdict]
-            detail = f" ({ob.message})" if ob.message else ""
-            if cal.certifier == "pooled" and ob.verdict is not Verdict.FAILED and step.evaluation > 1:
+                    Verdict.UNDECIDED: "[yellow]undecided"}[ob.verdict]
+            if cal.certifier == "pooled" and step.evaluation > 1:
                 # the pooled model judges the region from all runs: a point's own verdict would mislead
                 console.print(f"{step.evaluation:>3}. {point}: {ob.failures} of {ob.trials} runs failed")
                 return
             console.print(f"{step.evaluation:>3}. {point}: {mark}[/] after {ob.trials} runs, "
-                          f"{ob.failures} failed{detail}")
+                          f"{ob.failures} failed")
 
         region, folder = calibrate_spec(app_spec, strategy, budget, out, evidence=field.evidence, progress=show,
                                         calibration=cal, plot_axes=plot_axes, plot_at=plot_at)
@@ -94,7 +99,7 @@ def calibrate(
         console.print(f"field evidence: {len(field.evidence)} point(s) from {sum(map(len, field.runs.values()))} run(s)")
     for p in labelled:
         if p.overturned:
-            point = ", ".join(f"{k}={v:.3g}" for k, v in p.errors.items())
+            point = point_text(p.errors)
             console.print(f"[blue]field overturned the simulator[/] at {point}: now {'valid' if p.valid else 'invalid'}")
     empty = region.empty_reason()
     if empty:

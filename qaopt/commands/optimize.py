@@ -34,6 +34,10 @@ def optimize(
         "everything in this process), or the most runs in flight on --cluster."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars, only log lines (unattended runs; "
                                "redirect stderr to keep them in a file)."),
+    time_limit: float | None = typer.Option(
+        None, "--time-limit", min=0.001, help="Wall-clock seconds one simulator call (a block of seeded runs) may "
+        "take before it counts as hung and the run stops naming its seeds (default: the spec's output.time_limit_s, "
+        "1800)."),
 ) -> None:
     """Find the fastest NN configuration that keeps the application's QoS, and validate it closed-loop.
 
@@ -45,7 +49,8 @@ def optimize(
     from qaopt.optimizer import optimize as run
 
     result = run(spec, profile=profile, out=out, storage=storage, trials=trials, region=region,
-                 calibration_budget=calibration_budget, cluster=cluster, workers=workers, quiet=quiet)
+                 calibration_budget=calibration_budget, cluster=cluster, workers=workers, quiet=quiet,
+                 time_limit=time_limit)
     s = result.speedups
     typer.echo(f"report: {result.report}")
     if result.aware is not None:

@@ -1,7 +1,8 @@
 """Running a command-line app the qaopt way; light, so the robot's ``qaopt-field`` uses it too.
 
 Bad input raises :class:`~qaopt.app_spec.QaoptError`: its message is printed (one
-line per problem) and the exit status is 2, with a traceback only in debug mode.
+line per problem) and the exit status is 2, with a traceback only in debug mode; so is a
+disk that is full, read-only or not writable (:func:`qaopt.app_spec.store.storage_problem`).
 Ctrl-C ends every command with one line and status 130: finished work is cached,
 and running the command again resumes.
 """
@@ -39,7 +40,14 @@ def run(app: typer.Typer, argv: Sequence[str] | None, prog_name: str, debug: Cal
     previous = signal.signal(signal.SIGINT, _interrupt) if main_thread else None
     try:
         app(args=argv, prog_name=prog_name)
-    except QaoptError as exc:
+    except (QaoptError, OSError) as exc:
+        if isinstance(exc, OSError):  # a full, read-only or locked disk where no store write caught it (a plot)
+            from qaopt.app_spec.store import storage_problem
+
+            problem = storage_problem(exc, exc.filename or ".")
+            if problem is None:
+                raise
+            exc = problem
         if debug():
             raise
         for line in str(exc).splitlines() or [type(exc).__name__]:

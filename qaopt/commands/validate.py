@@ -52,7 +52,11 @@ def validate(
 
         evaluator = make_evaluator(app_spec, check_runs=application)
         if application:
+            from qaopt.application import older_signatures
+
             checked = f"; simulator {type(evaluator).__name__} keeps the application protocol"
+            for note in older_signatures(evaluator):
+                typer.echo(f"note: {note}")
     if imports and shapes:
         from qaopt.spec_adapter import check_nn_shapes  # torch: only when asked to
 

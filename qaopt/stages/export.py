@@ -98,7 +98,13 @@ def load_artifacts(run_dir: str | Path, threads: int | None = None, device: str 
         if not (nn_dir / MODULE_FILE).exists():
             raise QaoptError(f"{nn_dir / MODULE_FILE}: missing; this run's artifacts predate it: run `qaopt optimize` "
                              "again (it resumes from the cache and writes them)")
-        module = torch.load(nn_dir / MODULE_FILE, weights_only=False, map_location=device).eval()
+        try:
+            module = torch.load(nn_dir / MODULE_FILE, weights_only=False, map_location=device).eval()
+        except ImportError:  # the NN's class does not import here: not damage, the user's import path
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged pickle raises anything from EOFError to RuntimeError
+            raise QaoptError(f"{nn_dir / MODULE_FILE}: damaged ({type(exc).__name__}); run `qaopt optimize` again "
+                             "(it resumes from the cache and exports the NNs anew)") from None
         form = _form(nn_dir)
         if _runs(form, choice.knobs) == RUNS_ONNX:
             module = OnnxModule(nn_dir / ONNX_FILE, module, threads)

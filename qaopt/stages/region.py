@@ -31,7 +31,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from qaopt.app_spec import store
-from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence, Progress
+from qaopt.calibrate import Calibration, CalibrationError, ErrorRegion, Evidence, Progress, Verdict
+from qaopt.calibrate.calibration import point_text
 from qaopt.calibrate.region import SIMULATOR
 from qaopt.events import Progress as ProgressEvent
 from qaopt.pipeline import BaseStage, StageRun, register_stage
@@ -140,6 +141,8 @@ def calibrated_region(
     path = run_dir / REGION_FILE
     existing, unreadable = _read(path)
     if existing is None:
+        if unreadable:
+            store.set_aside(path, unreadable)
         note = f"{REGION_FILE} was unreadable ({unreadable}); calibrating anew" if unreadable else ""
         calibrate_with = wanted
     else:
@@ -172,7 +175,8 @@ def differences(region: ErrorRegion, cal: Calibration) -> list[str]:
     """What makes ``region`` unusable for the calibration ``cal`` describes; empty when compatible.
 
     Compatible means the same simulator (its params and code), QoS goal and acceptance test,
-    error space (the NNs and their axes), NN error metrics, error models and certifier. The strategy
+    error space (the NNs and their axes), NN error metrics, error models and certifier, and no point
+    recorded as an application error (as releases before the run stopped on one did). The strategy
     and the budget may differ: they decide how well the region is charted, not what it means.
     """
     info = region.info
@@ -186,7 +190,11 @@ def differences(region: ErrorRegion, cal: Calibration) -> list[str]:
         "error model": (info.get("error_models"), {nn: cal.models[nn].config() for nn in cal.space.nns}),
         "certifier": (region.certifier, cal.certifier),
     }
-    return [f"{what} differs" for what, (have, want) in expected.items() if _canonical(have) != _canonical(want)]
+    problems = [f"{what} differs" for what, (have, want) in expected.items() if _canonical(have) != _canonical(want)]
+    failed = sum(o.verdict is Verdict.FAILED for o in region.observations)
+    if failed:  # an earlier release recorded an application error as a point; such a region is not a measurement
+        problems.append(f"{failed} of its points ended in an application error instead of a verdict")
+    return problems
 
 
 def _canonical(value: Any) -> Any:
@@ -271,7 +279,7 @@ class RegionStage(BaseStage):
             events.note(f"simulator runs on {getattr(run.executor, 'where', type(run.executor).__name__)}")
 
         def calibrating(step: Progress) -> None:
-            point = ", ".join(f"{k}={v:.3g}" for k, v in step.errors.items())
+            point = point_text(step.errors)
             done = step.evaluation if step.observation is not None else step.evaluation - 1
             state = step.observation.verdict.value if step.observation is not None else f"{step.trials} runs"
             events.emit(ProgressEvent(self.name, done, step.budget, f"{point}: {state}"))

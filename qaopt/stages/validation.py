@@ -146,7 +146,8 @@ def validate_configuration(
     blocks = ValidationBlocks.of(ctx.cache_dir, _candidates(config), app.evaluation_key, app.goal)
     validation = validate_closed_loop(
         app.evaluator(), nns, app.goal, app.acceptance, runs,
-        threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, **parallel, **labels,
+        threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, limits=app.limits, **parallel,
+        **labels,
     )
     store.write_model(path, validation, VALIDATION_VERSION)
     if events:

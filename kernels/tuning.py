@@ -33,7 +33,7 @@ from typing import Any
 from filelock import FileLock
 
 from qaopt.app_spec.hashing import content_hash
-from qaopt.app_spec.store import cache_root
+from qaopt.app_spec.store import cache_root, set_aside
 
 from .errors import BuildError
 from .measure import device_lock
@@ -152,6 +152,10 @@ def rpc_runner(rpc: Any, device_key: str) -> Any:
 # --------------------------------------------------------------------------- database
 
 
+DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")
+"""The files of MetaSchedule's JSON database in its folder: workloads, then the records that refer to them."""
+
+
 class TuningDatabase:
     """The MetaSchedule database of one TVM target, on disk under ``<cache_dir>/tvm-tuning/<target hash>/``.
 
@@ -190,10 +194,18 @@ class TuningDatabase:
         """
         from tvm.s_tir import meta_schedule as ms
 
-        records = self.path / "database_tuning_record.json"
-        if records.exists() and '"Tensorize"' in records.read_text():
-            load_tensor_intrinsics()
-        return ms.database.JSONDatabase(work_dir=str(self.path))
+        records = self.path / DATABASE_FILES[1]
+        try:
+            if records.exists() and '"Tensorize"' in records.read_text(errors="replace"):
+                load_tensor_intrinsics()
+            return ms.database.JSONDatabase(work_dir=str(self.path))
+        except Exception as exc:  # noqa: BLE001 - TVM's parse error on damaged records, whatever its class
+            # Records are a cache of measurements: set the damaged files aside and tune again into fresh ones.
+            why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:120] if str(exc).strip() else ''}"
+            for name in DATABASE_FILES:
+                if (self.path / name).exists():
+                    set_aside(self.path / name, why)
+            return ms.database.JSONDatabase(work_dir=str(self.path))
 
     def known(self, db: Any, task: Any) -> bool:
         """Whether ``db`` already holds a measured schedule for this task (its layer shape was tuned before)."""

@@ -488,3 +488,18 @@ def test_a_worker_that_dies_on_every_try_is_one_line(tmp_path):
         with pytest.raises(ExecutorError, match=r"^a worker of the local pool of 1 worker\(s\) died 2 times running the "
                                                 r"same task: the application crashes its process"):
             pool.submit(os._exit, 3).result(timeout=60)
+
+
+def test_a_damaged_tuning_database_is_set_aside_and_tuning_starts_afresh(tmp_path, capsys):
+    pytest.importorskip("tvm")
+    from qaopt.kernels.tuning import DATABASE_FILES, TuningDatabase
+
+    database = TuningDatabase(tmp_path / "db", target=None)
+    for name in DATABASE_FILES:
+        (database.path / name).write_bytes(b"\x00\xffnot json\n")
+    db = database.open()  # a fresh, empty database: the damaged records were only a cache of measurements
+    assert len(db.get_all_tuning_records()) == 0
+    assert all((database.path / f"{name}.damaged").exists() for name in DATABASE_FILES)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == len(DATABASE_FILES) and "database_tuning_record.json is damaged" in err
+    assert len(database.open().get_all_tuning_records()) == 0  # and it opens cleanly from then on

@@ -72,6 +72,10 @@ _STORAGE_FAULTS[errno.EDQUOT] = _STORAGE_FAULTS[errno.ENOSPC]
 _STORAGE_FAULTS[errno.EPERM] = _STORAGE_FAULTS[errno.EACCES]
 _TORCH_WRITE_FAILED = "inline_container"
 """What torch's file writer says when a write fails (a ``RuntimeError``, not an ``OSError``): on a full disk."""
+_SQLITE_FAULTS = {"database or disk is full": errno.ENOSPC, "attempt to write a readonly database": errno.EROFS,
+                  "unable to open database file": errno.EACCES}
+"""What SQLite says (through SQLAlchemy, Optuna's storage) for the same three faults, as the error code it means."""
+_STUDY_DATABASE = "the study database (study.db in the run folder, or search.storage / --storage)"
 
 
 def storage_problem(exc: BaseException, path: str | Path) -> StorageError | None:
@@ -79,6 +83,11 @@ def storage_problem(exc: BaseException, path: str | Path) -> StorageError | None
     code = exc.errno if isinstance(exc, OSError) else None
     if code is None and isinstance(exc, RuntimeError) and _TORCH_WRITE_FAILED in str(exc):
         code = errno.ENOSPC
+    if code is None and type(exc).__module__.startswith("sqlalchemy"):
+        code = next((c for marker, c in _SQLITE_FAULTS.items() if marker in str(exc)), None)
+        if code is not None:
+            return StorageError(f"cannot write {_STUDY_DATABASE}: "
+                                f"{_STORAGE_FAULTS[code].format(where='search.storage or --storage')}")
     if code not in _STORAGE_FAULTS:
         return None
     path = Path(path)

@@ -503,3 +503,28 @@ def test_a_damaged_tuning_database_is_set_aside_and_tuning_starts_afresh(tmp_pat
     err = capsys.readouterr().err
     assert err.count("warning:") == len(DATABASE_FILES) and "database_tuning_record.json is damaged" in err
     assert len(database.open().get_all_tuning_records()) == 0  # and it opens cleanly from then on
+
+
+@pytest.mark.parametrize("sqlite_says,fix", [("database or disk is full", "no space left on its device"),
+                                             ("attempt to write a readonly database", "read-only file system")])
+def test_a_full_or_read_only_study_database_is_the_same_one_line(capsys, sqlite_says, fix):
+    # Optuna writes each trial through SQLAlchemy: SQLite's own words for the disk faults, not an OSError.
+    import sqlite3
+
+    import typer
+    from sqlalchemy.exc import OperationalError
+
+    from qaopt.commands.runner import run
+
+    app = typer.Typer()
+
+    @app.command()
+    def study() -> None:
+        raise OperationalError("INSERT INTO trials", {}, sqlite3.OperationalError(sqlite_says))
+
+    with pytest.raises(SystemExit) as exit:
+        run(app, [], "qaopt", debug=lambda: False)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: cannot write the study database (study.db in the run folder, or search.storage "
+                             "/ --storage): ") and fix in err[0] and "search.storage or --storage" in err[0]

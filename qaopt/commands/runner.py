@@ -40,11 +40,12 @@ def run(app: typer.Typer, argv: Sequence[str] | None, prog_name: str, debug: Cal
     previous = signal.signal(signal.SIGINT, _interrupt) if main_thread else None
     try:
         app(args=argv, prog_name=prog_name)
-    except (QaoptError, OSError) as exc:
-        if isinstance(exc, OSError):  # a full, read-only or locked disk where no store write caught it (a plot)
+    except Exception as exc:
+        if not isinstance(exc, QaoptError):
+            # a full, read-only or locked disk where no store write caught it (a plot, the study database)
             from qaopt.app_spec.store import storage_problem
 
-            problem = storage_problem(exc, exc.filename or ".")
+            problem = storage_problem(exc, getattr(exc, "filename", None) or ".")
             if problem is None:
                 raise
             exc = problem

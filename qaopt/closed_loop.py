@@ -36,9 +36,15 @@ from qaopt.executor import run_perception_block, run_perception_seeds
 from qaopt.result import RunMetric, Validation
 
 VALIDATION_SEED_BASE = 5_000_000
-"""Validation seeds are disjoint from calibration's and from the seeds simulators use for their NNs'
-training and validation data (CropFollow's validation drives use 1,000,000 + ...), so a validation
+"""The seeds that select: the closed-loop checks during the search and the validation of the front, which
+picks the configuration. They are disjoint from calibration's and from the seeds simulators use for their
+NNs' training and validation data (CropFollow's validation drives use 1,000,000 + ...), so a validation
 run never replays a field the NNs were measured on."""
+ACCEPTANCE_SEED_BASE = 7_000_000
+"""The seeds that accept: the chosen configuration (and the agnostic one) run again on seeds that no check
+or validation of the run used, so the verdict a user reads is not the one that chose (a configuration
+picked because it passed some seeds is not tested on those same seeds). Past the selection seeds by more
+than any run count allows (2,000,000 runs)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,7 @@ def validate_closed_loop(
         accepted=verdict == Verdict.VALID,
         region_predicted_valid=region_predicted_valid,
         qos_metric_mean=float(np.mean([r[goal.metric] for r in records])),
+        seed_base=seed_base,
         **run_metrics(records, seed_base, goal),
     )
 

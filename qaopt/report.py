@@ -46,6 +46,9 @@ PARETO_NOTE = ("Every trial by its latency per frame (log scale: equal horizonta
                "application-aware configurations are marked, with their speedups in the legend.")
 CHECKS_NOTE = ("The front's configurations nearest the region's boundary, run closed-loop while the search went on "
                "(search.closed_loop); a failure corrected the region for the trials after it.")
+SEEDS_NOTE = ("Seeds: *selection* runs (the checks during the search and the front's validation) chose the "
+              "configuration; the chosen one then ran again on *fresh* seeds that nothing before used, and that "
+              "verdict accepts it. The application-agnostic configuration ran on the fresh seeds too.")
 
 
 def write_report(result: Result, run_dir: Path) -> Path:
@@ -81,8 +84,9 @@ def write_report(result: Result, run_dir: Path) -> Path:
               f"Region from `{result.region.name}`; the reference NNs sit at {format_errors(result.reference.errors)}.", ""]
     if result.region_note:
         lines += [f"Region: {result.region_note}.", ""]
-    lines += ["## Closed-loop validation", "", _validation_table(result.validations), ""]
-    if result.validations:
+    finals = [*result.validations, *(v for v in (result.acceptance, result.agnostic_validation) if v is not None)]
+    lines += ["## Closed-loop validation", "", SEEDS_NOTE, "", _validation_table(finals), ""]
+    if finals:
         lines += [METRICS_NOTE, ""]
     checks = result.studies["aware"].closed_loop_checks
     if checks:
@@ -251,9 +255,16 @@ def _outcome(result: Result) -> str:
     if result.aware is None:
         return ("No application-aware configuration passed closed-loop validation; the reference NNs remain "
                 "the deployable choice. See the validation table for what failed.")
-    status = ("accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop" if result.aware_accepted
-              else "not yet accepted: its closed-loop runs were too few to prove the goal at the spec's confidence "
-                   "(run the default profile)")
+    a = result.acceptance
+    if result.aware_accepted:
+        status = "accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop"
+        status += f", on {a.runs} fresh seeds that no check or validation had used" if a is not None else ""
+    elif a is not None and a.failures:
+        status = (f"rejected on fresh seeds: {a.failures} of {a.runs} closed-loop runs failed the QoS goal on seeds "
+                  "that did not choose it (the failure is now evidence in closed_loop.json: a re-run chooses again)")
+    else:
+        status = ("not yet accepted: its closed-loop runs were too few to prove the goal at the spec's confidence "
+                  "(run the default profile)")
     text = (f"Application-aware configuration (trial {result.aware.trial}) against the reference: "
             f"{s.describe('aware')}; {status}.")
     if s.aware_over_agnostic is not None:
@@ -261,8 +272,9 @@ def _outcome(result: Result) -> str:
                  f"awareness over it: {s.describe('aware_over_agnostic')}, on the same backends and machine.")
     v = result.agnostic_validation
     if v is not None:
+        fresh = " on the fresh seeds" if seeds_of(v).startswith("fresh") else ""
         text += (f" With its NNs in the loop, the application-agnostic configuration passed {v.passes} of {v.runs} "
-                 f"closed-loop runs ({'accepted' if v.accepted else v.verdict}")
+                 f"closed-loop runs{fresh} ({'accepted' if v.accepted else v.verdict}")
         text += ")." if v.accepted or not v.failures else "): accuracy-preserving compression did not preserve the QoS goal."
     return text
 
@@ -332,14 +344,23 @@ def _fidelity(fidelity: Fidelity) -> str:
     return text + "." + (f" {fidelity.note}" if fidelity.note else "")
 
 
+def seeds_of(validation: Validation) -> str:
+    """Which seeds a validation ran: ``selection`` (they chose), ``fresh`` (they accept), with the first seed."""
+    from qaopt.closed_loop import ACCEPTANCE_SEED_BASE, VALIDATION_SEED_BASE
+
+    base = validation.seed_base
+    role = {VALIDATION_SEED_BASE: "selection", ACCEPTANCE_SEED_BASE: "fresh"}.get(base, "")
+    return "" if base is None else f"{role} ({base}+)" if role else f"{base}+"
+
+
 def _validation_table(validations: list[Validation]) -> str:
     if not validations:
         return "No configuration was validated."
     names = list(dict.fromkeys(k for v in validations for k in v.metrics))
     counted = {n for v in validations for n, m in v.metrics.items() if m.total is not None}
     heads = [f"{n}: {'total' if n in counted else 'mean'} (worst run)" for n in names]
-    rows = ["| trial | runs | passes | failures | verdict | region said valid | " + " | ".join(heads) + " |",
-            "|---|---|---|---|---|---|" + "---|" * len(names)]
+    rows = ["| trial | seeds | runs | passes | failures | verdict | region said valid | " + " | ".join(heads) + " |",
+            "|---|---|---|---|---|---|---|" + "---|" * len(names)]
     for v in validations:
         cells = []
         for n in names:
@@ -349,7 +370,8 @@ def _validation_table(validations: list[Validation]) -> str:
                 continue
             shown = m.total if n in counted and m.total is not None else m.mean
             cells.append(f"{shown:.4g}" + (f" ({m.worst_run:.4g})" if m.worst_run is not None else ""))
-        rows.append(f"| {v.trial} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} | {v.region_predicted_valid} | "
+        rows.append(f"| {v.trial} | {seeds_of(v)} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} | "
+                    f"{v.region_predicted_valid} | "
                     + " | ".join(cells) + " |")
     return "\n".join(rows)
 

@@ -102,6 +102,9 @@ class Validation(_Model):
         default_factory=dict, description="each metric the evaluator reports: its mean per run, its value in the worst "
         "run, and for counts (collisions, crashes) its total over the runs")
     worst_seed: int | None = Field(None, description="the seed of the run with the worst QoS metric value")
+    seed_base: int | None = Field(None, description=(
+        "the first seed of its runs (seed_base, seed_base + 1, ...): the selection seeds of the checks and the "
+        "front's validation, or the fresh acceptance seeds; None before it was recorded"))
 
     @property
     def name(self) -> str:
@@ -303,7 +306,11 @@ class Result(_Model):
     speedups: Speedups
     validations: list[Validation]
     agnostic_validation: Validation | None = Field(
-        None, description="the agnostic configuration run closed-loop too: is accuracy-preserving compression safe here?")
+        None, description="the agnostic configuration run closed-loop too, on the fresh acceptance seeds: is "
+        "accuracy-preserving compression safe here?")
+    acceptance: Validation | None = Field(None, description=(
+        "the chosen aware configuration run again on fresh seeds that no check or validation of the run used: "
+        "the verdict that accepts it (None before runs recorded one)"))
     fidelity: Fidelity = Field(description="the region's agreement with closed-loop truth in this run")
     studies: dict[str, StudySummary]
     tuning: dict[str, Any] = Field(default_factory=dict)
@@ -329,8 +336,13 @@ class Result(_Model):
 
     @property
     def aware_accepted(self) -> bool:
-        """Whether the aware configuration passed closed-loop validation (else it is only the best unrefuted one)."""
-        return self.aware is not None and any(v.accepted and v.trial == self.aware.trial for v in self.validations)
+        """Whether the aware configuration passed closed-loop validation on the fresh acceptance seeds (else it is only
+        the best unrefuted one); for runs recorded before acceptance had its own seeds, the front's validation."""
+        if self.aware is None:
+            return False
+        if self.acceptance is not None:
+            return self.acceptance.accepted and self.acceptance.trial == self.aware.trial
+        return any(v.accepted and v.trial == self.aware.trial for v in self.validations)
 
     def save(self, path: str | Path) -> Path:
         return store.write_text(path, self.model_dump_json(indent=2))

@@ -187,6 +187,25 @@ def test_exported_merged_and_resized_nns_reload_with_the_same_outputs(tiny_run, 
         np.testing.assert_allclose(loaded, view.predict(x), rtol=1e-5, atol=1e-6)
 
 
+def test_the_chosen_configuration_is_accepted_on_seeds_that_did_not_choose_it(tiny_run):
+    from qaopt.closed_loop import ACCEPTANCE_SEED_BASE, VALIDATION_SEED_BASE
+
+    spec_path, result = tiny_run
+    checks = result.studies["aware"].closed_loop_checks
+    selecting = [*result.validations, *checks]
+    assert selecting and all(v.seed_base == VALIDATION_SEED_BASE for v in selecting)
+    acceptance = result.acceptance
+    assert acceptance is not None and acceptance.trial == result.aware.trial
+    assert acceptance.seed_base == ACCEPTANCE_SEED_BASE and result.agnostic_validation.seed_base == ACCEPTANCE_SEED_BASE
+    # The runs of every selecting validation and those of the acceptance share no seed.
+    selection_seeds = {v.seed_base + i for v in selecting for i in range(v.runs)}
+    assert not selection_seeds & set(range(acceptance.seed_base, acceptance.seed_base + acceptance.runs))
+    assert result.aware_accepted == acceptance.accepted
+    report = (spec_path.parent / "runs" / "report.md").read_text()
+    assert f"| {acceptance.trial} | fresh ({ACCEPTANCE_SEED_BASE}+) | {acceptance.runs} |" in report
+    assert f"| {result.validations[0].trial} | selection ({VALIDATION_SEED_BASE}+) |" in report
+
+
 def test_validation_table_shows_means_worst_runs_and_counts(tiny_run):
     spec_path, result = tiny_run
     v = result.validations[0]

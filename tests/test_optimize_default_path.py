@@ -107,7 +107,9 @@ def test_report_tables_hold_the_measured_figures(default_path_run):
             assert row["dtype"] == nn.knobs["dtype"] and row["backend"] == nn.backend
             assert float(row["latency (ms) [95 % interval]"].split()[0]) == pytest.approx(nn.latency_ms, abs=0.01)
     validation = _table(report, "## Closed-loop validation")
-    assert [int(r["runs"]) for r in validation] == [v.runs for v in result.validations]
+    finals = [*result.validations, *(v for v in (result.acceptance, result.agnostic_validation) if v is not None)]
+    assert [int(r["runs"]) for r in validation] == [v.runs for v in finals]
+    assert [r["seeds"].split()[0] for r in validation][-1] == "fresh"  # the agnostic choice, on the fresh seeds
 
 
 def test_every_dtype_exports_one_onnx_contract_and_loads_back(default_path_run, tmp_path):

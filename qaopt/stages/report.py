@@ -55,6 +55,7 @@ class ReportStage(BaseStage):
             speedups=Speedups.of(ref, aware, agnostic),
             validations=validated.front.validations,
             agnostic_validation=validated.agnostic_validation,
+            acceptance=validated.acceptance,
             fidelity=Fidelity.of(plan.application.error_model, validated.front.validations,
                                  studies["aware"].closed_loop_checks),
             studies=studies,

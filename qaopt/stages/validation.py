@@ -12,6 +12,13 @@ The in-search closed-loop checks (:mod:`qaopt.stages.checks`) run configurations
 :func:`validate_configuration` too, with fewer runs, and record what failed with
 :func:`with_validation`, the one place closed-loop runs become evidence.
 
+Selection and acceptance use different seeds. The checks and the front's validation run on the
+selection seeds (:data:`~qaopt.closed_loop.VALIDATION_SEED_BASE` on) and choose a configuration;
+the chosen one then runs again on fresh seeds (:data:`~qaopt.closed_loop.ACCEPTANCE_SEED_BASE` on)
+that nothing before used, and that verdict accepts it (``Result.acceptance``). A configuration
+chosen because it passed some seeds is never accepted on those same seeds. The agnostic
+configuration, which no closed-loop run chose, runs on the acceptance seeds as well.
+
 The runs of a configuration go through the run's executor (:mod:`qaopt.executor`):
 its NNs are shipped to the workers by value (:class:`~qaopt.executor.ShippedNN`) and
 each worker builds the application from the spec; the verdict is the same for any
@@ -23,11 +30,17 @@ done of those planned and the verdict so far; each finished block is kept on dis
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from qaopt.app_spec import content_hash, store
-from qaopt.closed_loop import VALIDATION_SEED_BASE, BlockProgress, ValidationBlocks, validate_closed_loop
+from qaopt.closed_loop import (
+    ACCEPTANCE_SEED_BASE,
+    VALIDATION_SEED_BASE,
+    BlockProgress,
+    ValidationBlocks,
+    validate_closed_loop,
+)
 from qaopt.events import RunBlock, StageEvents
 from qaopt.executor import ShippedNN
 from qaopt.pipeline import BaseStage, StageRun, register_stage
@@ -109,11 +122,12 @@ def with_validation(evidence: ClosedLoopEvidence, application: str, config: Conf
 
 def validate_configuration(
     ctx: SearchContext, config: Configuration, *, runs: int | None = None, executor: Executor | None = None,
-    events: StageEvents | None = None, label: str = "", show_runs: bool = True,
+    events: StageEvents | None = None, label: str = "", show_runs: bool = True, seed_base: int = VALIDATION_SEED_BASE,
 ) -> Validation:
-    """The closed-loop validation of one configuration, read from the cache when these NNs already ran.
+    """The closed-loop validation of one configuration, read from the cache when these NNs already ran on these seeds.
 
-    ``runs`` is the most runs it may spend (default: the plan's ``validation_runs``);
+    ``runs`` is the most runs it may spend (default: the plan's ``validation_runs``), on the seeds from
+    ``seed_base`` on (selection by default; :data:`~qaopt.closed_loop.ACCEPTANCE_SEED_BASE` to accept);
     ``executor`` runs its blocks of runs (``None``: in this process); ``events`` gets a
     :class:`~qaopt.events.RunBlock` after each block (when ``show_runs``) and one line with the
     outcome, after ``label``.
@@ -121,10 +135,12 @@ def validate_configuration(
     plan = ctx.plan
     app = plan.application
     runs = plan.validation_runs if runs is None else runs
-    key = content_hash("validation", _candidates(config), runs, app.evaluation_key, VALIDATION_SEED_BASE)
+    key = content_hash("validation", _candidates(config), runs, app.evaluation_key, seed_base)
     path = ctx.cache_dir / "optimize" / "validation" / f"{key}.json"
     labels = {"trial": config.trial, "region_predicted_valid": config.in_region}
     name = "reference" if config.trial is None else f"trial {config.trial}"
+    if seed_base != VALIDATION_SEED_BASE:
+        name += ", fresh seeds"
     cached = store.read_model(path, Validation, VALIDATION_VERSION) or _read_version_1(path)
     if cached is not None:  # the same NNs validated by an earlier run or study: only the labels are this run's
         if events:
@@ -146,8 +162,8 @@ def validate_configuration(
     blocks = ValidationBlocks.of(ctx.cache_dir, _candidates(config), app.evaluation_key, app.goal)
     validation = validate_closed_loop(
         app.evaluator(), nns, app.goal, app.acceptance, runs,
-        threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, limits=app.limits, **parallel,
-        **labels,
+        threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, limits=app.limits,
+        seed_base=seed_base, **parallel, **labels,
     )
     store.write_model(path, validation, VALIDATION_VERSION)
     if events:
@@ -173,9 +189,11 @@ def _candidates(config: Configuration) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Validated:
-    """The validation stage's artifact: the front's validations and choice, and the agnostic choice's runs."""
+    """The validation stage's artifact: the front's validations and choice, the choice's acceptance on fresh seeds,
+    and the agnostic choice's runs (on those fresh seeds too)."""
 
     front: FrontValidation
+    acceptance: Validation | None
     agnostic: Configuration | None
     agnostic_validation: Validation | None
 
@@ -200,10 +218,16 @@ class ValidationStage(BaseStage):
         evidence = aware.checks.evidence
         front = validate_front(reference.ctx, aware.summary.feasible_configurations(), calibrated, evidence,
                                reference.configuration, **options)
+        acceptance = None
+        if front.chosen is not None:
+            acceptance = validate_configuration(reference.ctx, front.chosen, seed_base=ACCEPTANCE_SEED_BASE, **options)
+            grown = with_validation(front.evidence, calibrated.application, front.chosen, acceptance)
+            front = replace(front, evidence=grown)
         if front.evidence is not evidence:
             front.evidence.save(run.plan.run_dir)
         agnostic = next(iter(inputs["agnostic search"].feasible_configurations()), None)
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
-        # (free when the aware study validated the same NNs).
-        agnostic_validation = validate_configuration(reference.ctx, agnostic, **options) if agnostic else None
-        return Validated(front, agnostic, agnostic_validation)
+        # (free when it is the aware choice's NNs, already run on these seeds).
+        agnostic_validation = (validate_configuration(reference.ctx, agnostic, seed_base=ACCEPTANCE_SEED_BASE, **options)
+                               if agnostic else None)
+        return Validated(front, acceptance, agnostic, agnostic_validation)

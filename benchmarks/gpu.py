@@ -266,41 +266,36 @@ def assemble(install: Path, quick: Path, latency_json: Path, out: Path, referenc
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="step", required=True)
+    sub = parser.add_subparsers(required=True)
     i = sub.add_parser("install", help="the install check's record")
+    i.set_defaults(step=lambda args: install(args.pip_log, args.pip_status, args.junit, args.out))
     i.add_argument("--pip-log", type=Path, required=True)
     i.add_argument("--pip-status", type=int, required=True)
     i.add_argument("--junit", type=Path, required=True)
     i.add_argument("--out", type=Path, required=True)
     q = sub.add_parser("quick", help="the quick run's record")
+    q.set_defaults(step=lambda args: quick(args.run_dir, args.seconds, args.out))
     q.add_argument("run_dir", type=Path)
     q.add_argument("--seconds", type=float, required=True)
     q.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("latency", help="time the run's chosen NNs in every mode")
+    p.set_defaults(step=lambda args: latency(args.run_dir, args.out, args.max_autotune))
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--max-autotune", action="store_true", help="also Inductor's max-autotune (minutes per NN)")
     r = sub.add_parser("reference", help="the spec's reference NNs: qaopt's measurement against the modes")
+    r.set_defaults(step=lambda args: reference(args.spec, args.out))
     r.add_argument("spec", type=Path)
     r.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
+    a.set_defaults(step=lambda args: assemble(args.install, args.quick, args.latency, args.json, args.reference))
     a.add_argument("--install", type=Path, required=True)
     a.add_argument("--quick", type=Path, required=True)
     a.add_argument("--latency", type=Path, required=True)
     a.add_argument("--reference", type=Path, help="the reference step's JSON, kept under 'reference'")
     a.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()
-    if args.step == "install":
-        install(args.pip_log, args.pip_status, args.junit, args.out)
-    elif args.step == "quick":
-        quick(args.run_dir, args.seconds, args.out)
-    elif args.step == "latency":
-        latency(args.run_dir, args.out, args.max_autotune)
-    elif args.step == "reference":
-        reference(args.spec, args.out)
-    else:
-        assemble(args.install, args.quick, args.latency, args.json, args.reference)
-
+    args.step(args)
 
 if __name__ == "__main__":
     main()

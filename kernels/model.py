@@ -69,16 +69,22 @@ def require_torch_model(model: Model, backend: str) -> None:
 
 
 def torch_inputs(example_inputs: Sequence[Any], like: Any = None) -> tuple[Any, ...]:
-    """Example inputs as torch tensors (cast to the model's floating dtype, e.g. bf16)."""
+    """Example inputs as torch tensors like the model's: cast to its floating dtype (e.g. bf16), on its device.
+
+    The device matters where the model has moved (a GPU target): tracing it with inputs left on the CPU
+    fails ("found two different devices cpu, cuda:0").
+    """
     import torch
 
-    dtype = None
+    dtype = device = None
     if like is not None:
         dtype = next((p.dtype for p in like.parameters() if p.is_floating_point()), None)
+        device = next((t.device for t in [*like.parameters(), *like.buffers()]), None)
     out = []
     for x in example_inputs:
         t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
-        out.append(t.to(dtype) if dtype is not None and t.is_floating_point() else t)
+        t = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+        out.append(t.to(device) if device is not None else t)
     return tuple(out)
 
 

@@ -276,12 +276,9 @@ class TorchCompileBackend:
         start = time.perf_counter()
         try:
             with torch_threads(target.threads), _quiet_autotuner():
-                call = compiled._bind()
+                call = compiled._bind()  # on a GPU each call ends with a synchronize
                 for _ in range(CUDA_GRAPH_RECORDING_CALLS if mode != "default" else 1):
                     call()
-                sync = compiled._sync()
-                if sync is not None:
-                    sync()
         except Exception as exc:
             raise BuildError(f"backend '{self.name}' (mode {mode}) failed to compile {type(module).__name__}: "
                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
@@ -327,24 +324,10 @@ def _exporter(module: Any, example_inputs: Sequence[Any]) -> Callable[[], Any]:
     def export() -> Any:
         import torch
 
-        inputs = torch_inputs(example_inputs, like=module)
-        device = _device_of(module)
-        if device is not None:  # the module runs on the target's device: trace it with inputs there too
-            inputs = tuple(t.to(device) for t in inputs)
         try:
-            return torch.export.export(module, inputs)
+            return torch.export.export(module, torch_inputs(example_inputs, like=module))
         except Exception as exc:
             raise unsupported("torch", module, f"torch.export failed: {type(exc).__name__}: {exc}") from exc
 
     return export
 
-
-def _device_of(module: Any) -> Any:
-    """The device of a module's first parameter or buffer (``None`` for a module without any)."""
-    import torch
-
-    if not isinstance(module, torch.nn.Module):
-        return None
-    for tensor in [*module.parameters(), *module.buffers()]:
-        return tensor.device
-    return None

@@ -27,22 +27,22 @@ def toy_gpu():
     kernels.unregister_backend("toy-gpu")
 
 
-def EVERY_BACKEND_SERVES(ref):  # noqa: N802 (a constant of the tests): as on a machine where every backend runs
+def every_backend_serves(ref):  # as on a machine where every backend can serve the target
     return None
 
 
 def test_a_dtype_is_runnable_where_a_backend_of_the_target_declares_it_on_its_device(toy_gpu):
     dtypes = ("fp32", "bf16", "fp16", "int8")
     # auto's CUDA backends: eager and Inductor run the float dtypes; ONNX Runtime's CUDA provider, where installed, int8
-    assert kernels.unrunnable_dtypes(Target(device="cuda"), dtypes, unavailable=EVERY_BACKEND_SERVES) == {}
-    eager = kernels.unrunnable_dtypes(Target(device="cuda", backend="torch"), dtypes, unavailable=EVERY_BACKEND_SERVES)
+    assert kernels.unrunnable_dtypes(Target(device="cuda"), dtypes, unavailable=every_backend_serves) == {}
+    eager = kernels.unrunnable_dtypes(Target(device="cuda", backend="torch"), dtypes, unavailable=every_backend_serves)
     assert set(eager) == {"int8"} and not eager["int8"].emulated
     assert eager["int8"].reason == "no backend here runs int8 on cuda (backends: torch)"
     # A variant is what its backend declares; a backend named in target.backend is the only one.
     channels_last = kernels.unrunnable_dtypes(Target(backend=BackendRef("torch", "channels_last")), dtypes, BF16_CPU)
     assert set(channels_last) == {"fp16", "int8"} and channels_last["fp16"].emulated
     assert "int8" not in kernels.unrunnable_dtypes(Target(device="cuda", backend=toy_gpu), dtypes,
-                                                   unavailable=EVERY_BACKEND_SERVES)
+                                                   unavailable=every_backend_serves)
     # toy-gpu declares cuda only: on a CPU it runs nothing, whatever its dtypes.
     assert set(kernels.unrunnable_dtypes(Target(backend=toy_gpu), dtypes)) == set(dtypes)
     # A CPU without 16-bit float arithmetic: declared, but only emulated.

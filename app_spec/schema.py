@@ -437,6 +437,23 @@ class Axis(Section):
         return axis_name(self.nn, self.component)
 
 
+class StressStratum(Section):
+    """One stress stratum: drives of the application's simulator with some of its params changed.
+
+    The params are merged into ``evaluator.simulator.params`` (nested mappings key by key), so a stratum names
+    only what it stresses: ``{field: {gap_prob_per_m: 0.5}}`` for rows full of gaps, ``{initial_lateral_m:
+    0.2}`` for drives that start off-centre and recover.
+    """
+
+    name: Name
+    params: dict[str, Data] = Field(default_factory=dict, description=(
+        "simulator params for these drives, merged into evaluator.simulator.params"))
+    drives: Count(10_000, "drives", "recording that many drives would take hours") = Field(8, description=(
+        "drives of this stratum (one seed each)"))
+    steps: Count(100_000, "steps", "a drive that long would not fit in memory") = Field(100, ge=2, description=(
+        "perception steps per drive"))
+
+
 class ErrorDataSpec(Section):
     """Where each NN's error is measured: the frames that give a candidate its point in the error space."""
 
@@ -448,6 +465,27 @@ class ErrorDataSpec(Section):
         "on-policy drives (one seed each)"))
     steps: Count(100_000, "steps", "a drive that long would not fit in memory") = Field(100, ge=2, description=(
         "perception steps per on-policy drive"))
+    stress: list[StressStratum] = Field(default_factory=list, max_length=16, description=(
+        "stress strata: drives in the states where the application fails (gaps, curves, off-centre starts), "
+        "recorded with the reference NNs steering; a candidate's coordinate on an NN's metric axis is its error, "
+        "or the reference's error scaled by the candidate's worst degradation on a stratum, whichever is larger "
+        "(docs/calibration.md, 'Stress strata')"))
+
+    @model_validator(mode="after")
+    def _distinct_strata(self) -> ErrorDataSpec:
+        names = [s.name for s in self.stress]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"stress stratum {dup[0]!r} is listed twice; give each stratum its own name")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # No strata (the default) leaves the field out, so specs written before strata existed keep their hashes.
+        data = handler(self)
+        if not self.stress and isinstance(data, dict):
+            data.pop("stress", None)
+        return data
 
 
 class CalibrationSpec(Section):

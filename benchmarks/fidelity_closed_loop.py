@@ -8,8 +8,9 @@ short and long fine-tuning, pairs that mix) it
 1. builds both NNs through ``qaopt.approx.build`` (fine-tuning on ``--device``) from the shipped
    example spec (``examples/cropfollow.yaml``);
 2. measures each NN where the product measures it (``qaopt.on_policy.target_nns``: the example's
-   on-policy drives, steered by the reference NNs) and on its dataset's validation drives (the old
-   coordinates), keeping the on-policy residual and truth sequences;
+   on-policy drives, steered by the reference NNs), on its dataset's validation drives, and on each of
+   the spec's stress strata (``calibration.error_data.stress``, :mod:`qaopt.stress`), keeping the
+   on-policy residual and truth sequences;
 3. runs the configuration closed-loop with its NNs reading the rendered frames: ``--runs`` seeded
    runs of the spec's 100 m (the seeds ``qaopt optimize``'s validation uses), in blocks of 8 on a
    process pool, the NNs on the GPU (int8 graphs on ONNX Runtime, one CPU thread each), and judges
@@ -98,6 +99,13 @@ class InLoopNN(ShippedNN):
             return module(x).float().cpu().numpy()
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (its cores run the simulator and, for int8, the NNs)."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                platform.processor())
+
+
 def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
     """One block of closed-loop runs on a worker (the simulator built there from the spec's params)."""
     import torch
@@ -108,11 +116,13 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
     return CropFollowEvaluator(**params).evaluate_perception(nns, seeds)
 
 
-def build_variants(spec, cache: Path, device: str, names: set[str], log) -> tuple[dict, dict]:
-    """The NN variants ``names`` built, with their on-policy and dataset errors and on-policy sequences."""
+def build_variants(spec, cache: Path, device: str, names: set[str], variant_seed: int, log) -> tuple[dict, dict]:
+    """The NN variants ``names`` built (fine-tuned under ``variant_seed``), with their on-policy, dataset and
+    stress-stratum errors and on-policy sequences."""
     from qaopt import kernels
     from qaopt.approx import KnobSpace, TargetNN, build
     from qaopt.on_policy import target_nns
+    from qaopt.stress import record_stress
 
     t0 = time.perf_counter()
     recording = spec.calibration.error_data.model_copy(update={"source": "on-policy"})  # whatever the spec says
@@ -120,6 +130,11 @@ def build_variants(spec, cache: Path, device: str, names: set[str], log) -> tupl
         update={"error_data": recording})}), cache)
     log(f"on-policy drives recorded/read in {time.perf_counter() - t0:.0f} s")
     dataset = {n: TargetNN.from_spec(n, spec.nns[n]) for n in spec.nns}
+    t0 = time.perf_counter()
+    stress = record_stress(spec, {n: t.model for n, t in dataset.items()}, {n: t.fingerprint for n, t in dataset.items()},
+                           cache)
+    if stress is not None:
+        log(f"stress strata {', '.join(stress.strata)} recorded/read in {time.perf_counter() - t0:.0f} s")
     variants, sequences = {}, {}
     for nn, table in (("heading", HEADING), ("distance", DISTANCE)):
         space = KnobSpace.from_section(spec.knobs_for(nn), nn=nn)
@@ -130,16 +145,21 @@ def build_variants(spec, cache: Path, device: str, names: set[str], log) -> tupl
             if name not in names:
                 continue
             t = time.perf_counter()
-            cand = build(target, space.base(**knobs), cache_dir=cache, device=device, onnx=kernels.onnx)
-            pred = np.asarray(ShippedNN(cand)(dataset[nn].data.x_val))
+            cand = build(target, space.base(**knobs, seed=variant_seed), cache_dir=cache, device=device,
+                         onnx=kernels.onnx)
+            shipped = InLoopNN(cand, device)
+            pred = np.asarray(shipped(dataset[nn].data.x_val))
             ds_error = dataset[nn].metric(pred, np.asarray(dataset[nn].data.y_val))
-            variants[name] = {"nn": nn, "knobs": knobs, "candidate": cand.key, "on_policy_error": cand.error,
-                              "dataset_error": float(ds_error), "macs": cand.macs, "params": cand.params,
+            strata = {} if stress is None else stress.errors(nn, shipped, target.metric)
+            variants[name] = {"nn": nn, "knobs": knobs, "seed": variant_seed, "candidate": cand.key,
+                              "on_policy_error": cand.error, "dataset_error": float(ds_error), "strata": strata,
+                              "macs": cand.macs, "params": cand.params,
                               "build_s": round(time.perf_counter() - t, 1), "cand": cand}
             for i, (res, seq) in enumerate(zip(cand.residuals, target.data.val_sequences)):
                 sequences[f"{name}/residual/{i}"] = np.asarray(res)
                 sequences[f"{name}/truth/{i}"] = truth[np.asarray(seq)]
-            log(f"{name}: on-policy L1 {cand.error:.4g}, dataset L1 {ds_error:.4g} ({variants[name]['build_s']} s)")
+            log(f"{name}: on-policy L1 {cand.error:.4g}, dataset L1 {ds_error:.4g}"
+                + "".join(f", {k} L1 {v:.4g}" for k, v in strata.items()) + f" ({variants[name]['build_s']} s)")
     return variants, sequences
 
 
@@ -150,7 +170,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--device", default="cpu", help="where fine-tuning and the float NNs in the loop run")
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
-    ap.add_argument("--only", default=None, help="comma-separated configuration indices (for a smoke test)")
+    ap.add_argument("--only", default=None, help="comma-separated configuration indices")
+    ap.add_argument("--variant-seed", type=int, default=0,
+                    help="fine-tuning seed of every variant (0: the first set; another: a new set of the same knobs)")
     ap.add_argument("--length", type=float, default=None, help="override the run length (smoke tests only)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -174,7 +196,8 @@ def main() -> None:
 
     chosen = range(len(CONFIGURATIONS)) if args.only is None else [int(i) for i in args.only.split(",")]
     start = time.perf_counter()
-    variants, sequences = build_variants(spec, cache, args.device, {v for i in chosen for v in CONFIGURATIONS[i]}, log)
+    variants, sequences = build_variants(spec, cache, args.device, {v for i in chosen for v in CONFIGURATIONS[i]},
+                                         args.variant_seed, log)
     np.savez_compressed(args.out / "fidelity_residuals.npz", **sequences)
     (args.out / "variants.json").write_text(json.dumps(
         {n: {k: v for k, v in var.items() if k != "cand"} for n, var in variants.items()}, indent=1))
@@ -217,14 +240,15 @@ def main() -> None:
     import torch
 
     out = {
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+        "machine": {"cpu_count": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
+                    "python": platform.python_version(),
                     "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
         "date": time.strftime("%Y-%m-%d"),
         "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
         "runs_per_configuration": args.runs, "run_length_m": params["run_length_m"],
         "acceptance": spec.qos.acceptance.model_dump(), "qos": {"metric": goal.metric, "max": goal.max},
-        "on_policy": spec.calibration.error_data.model_dump(),
+        "on_policy": spec.calibration.error_data.model_dump(), "variant_seed": args.variant_seed,
         "seconds": {"build_and_measure": round(build_s, 1), "closed_loop": round(loop_s, 1)},
         "variants": {n: {k: v for k, v in var.items() if k != "cand"} for n, var in variants.items()},
         "configurations": rows,

@@ -32,6 +32,7 @@ from qaopt.calibrate import (
 )
 from qaopt.profiles import Profile, get_profile
 from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, limits_of, make_evaluator
+from qaopt.stress import StressSet, record_stress
 from qaopt.target_fit import LeftOut, fit_target
 
 AGNOSTIC_TOLERANCE = 0.02
@@ -125,6 +126,11 @@ class BoundApplication:
         from qaopt.on_policy import target_nns
 
         return target_nns(self._spec, cache_dir)
+
+    def stress_set(self, cache_dir: Path, nns: Mapping[str, Any]) -> StressSet | None:
+        """The spec's stress strata recorded with the reference ``nns`` (TargetNNs) steering, or ``None`` without strata."""
+        return record_stress(self._spec, {n: t.model for n, t in nns.items()},
+                             {n: t.fingerprint for n, t in nns.items()}, cache_dir)
 
 
 @dataclass(frozen=True)

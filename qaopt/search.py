@@ -45,6 +45,7 @@ from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
 from qaopt.plan import MergePlan, RunPlan
 from qaopt.seeding import Unit, informed_trial
+from qaopt.stress import StressSet, cached_errors, stressed_coordinate
 from qaopt.result import Configuration, StudySummary, TrialRecord, Validation
 
 Mode = Literal["aware", "agnostic"]
@@ -146,14 +147,17 @@ class SearchContext:
     configuration never carries two different figures in a run.
 
     ``space`` maps NN errors to the region's axes (:meth:`ErrorRegion.errors_of`); which region
-    judges a point is the caller's (:class:`RegionSource`).
+    judges a point is the caller's (:class:`RegionSource`). ``stress``, the spec's stress strata, moves an NN
+    that errs worse than the reference where the application fails outward (:mod:`qaopt.stress`).
     """
 
     plan: RunPlan
     nns: Mapping[str, TargetNN]
     space: ErrorRegion
+    stress: StressSet | None = None
     _measured: dict[tuple, MeasuredConfiguration] = field(default_factory=dict, repr=False, compare=False)
     _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False, compare=False)
+    _strata: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def target(self) -> kernels.Target:
@@ -242,11 +246,33 @@ class SearchContext:
         return self._quick[nns]
 
     def errors_of(self, candidates: Mapping[str, Candidate]) -> dict[str, float]:
-        """The configuration's point in the region's axes (NNs not calibrated are left out)."""
+        """The configuration's point in the region's axes (NNs not calibrated are left out), stress strata included."""
+        point = self._measured_point(candidates)
+        if self.stress is None:
+            return point
+        reference = self._measured_point(self.reference)
+        for axis in self.space.space.axes:
+            if axis.component == "metric" and axis.nn in candidates:
+                point[axis.name] = stressed_coordinate(
+                    self.space.metrics.get(axis.nn, "l1"), point[axis.name], reference[axis.name],
+                    self.stratum_errors(candidates[axis.nn]), self.stratum_errors(self.reference[axis.nn]))
+        return point
+
+    def _measured_point(self, candidates: Mapping[str, Candidate]) -> dict[str, float]:
+        """The point of the candidates' errors on their error data alone."""
         calibrated = {a.nn for a in self.space.space.axes}
         return self.space.errors_of(
             {n: np.concatenate([np.ravel(r) for r in c.residuals]) for n, c in candidates.items() if n in calibrated}
         )
+
+    def stratum_errors(self, candidate: Candidate) -> dict[str, float]:
+        """The candidate's error metric on each stress stratum (measured once per run, and kept in the cache)."""
+        key = (candidate.nn, candidate.key)
+        if key not in self._strata:
+            metric = self.nns[candidate.nn].metric
+            self._strata[key] = cached_errors(self.stress, self.cache_dir, candidate.nn, candidate.key,
+                                              lambda: self.stress.errors(candidate.nn, candidate.predict, metric))
+        return self._strata[key]
 
     def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate],
                   region: ErrorRegion) -> float:

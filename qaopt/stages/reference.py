@@ -1,7 +1,7 @@
 """The reference stage: the spec's NNs as candidates, their point in the region, and their latency.
 
 Its artifact is the run's :class:`~qaopt.search.SearchContext` (the NNs with their
-error data, on-policy recordings included, and the memo of measurements that every
+error data, on-policy and stress recordings included, and the memo of measurements that every
 later stage shares) and the reference :class:`~qaopt.result.Configuration`. It fails
 with the reason when even the reference NNs lie outside the region, since then no
 approximation can be shown valid.
@@ -37,7 +37,8 @@ class ReferenceStage(BaseStage):
     def run(self, run: StageRun, inputs) -> Reference:
         plan = run.plan
         calibrated: CalibratedRegion = inputs["calibration"]
-        ctx = SearchContext(plan, plan.application.target_nns(plan.cache_dir), calibrated.region)
+        nns = plan.application.target_nns(plan.cache_dir)
+        ctx = SearchContext(plan, nns, calibrated.region, plan.application.stress_set(plan.cache_dir, nns))
         return Reference(ctx, reference_configuration(ctx, calibrated))
 
 

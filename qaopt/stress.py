@@ -1,0 +1,184 @@
+"""Stress strata: each NN's error measured in the states where the application fails, not only where it drives.
+
+A candidate's point in the error space is its error on some frames (:mod:`qaopt.on_policy`), and the
+region says which error *levels* the application tolerates when the error is spread like the reference's
+over every state. Real approximated NNs break that assumption where it matters: on CropFollow, pruned
+NNs failed the closed loop at errors below the reference's own, because what they do wrong they do in
+states the error data hardly visits (a gap in the row, a large heading while recovering), which a
+100 m run meets a few times and 6 m of on-policy driving almost never (docs/BENCHMARKS.md, Fidelity).
+
+So the spec may list *stress strata* (``calibration.error_data.stress``): drives of the same simulator
+with some of its params changed so that those states are common (rows full of gaps, off-centre starts),
+recorded once with the reference NNs steering, cached, and shared by every candidate. Each candidate's
+error is measured on each stratum, and its coordinate on an NN's metric axis becomes
+
+    max(error on the error data, reference error x worst stratum ratio)
+
+where a stratum's ratio is the candidate's error there over the reference's (for a rate metric, the
+difference in rate points is added instead: a near-perfect reference would make any ratio explode). A
+candidate that errs like the reference everywhere keeps its old coordinate; one that is as good on
+average but several times worse in gaps sits where an error process several times the reference's
+would, which is what the region has calibrated. Bias and sigma axes keep their coordinates.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qaopt.app_spec import AppSpec, store
+from qaopt.app_spec.errors import QaoptError
+from qaopt.app_spec.hashing import content_hash
+from qaopt.app_spec.nn_errors import is_class_metric
+from qaopt.calibrate import Recorder, Recording
+from qaopt.calibrate.app_calls import ApplicationFault, call_application
+from qaopt.spec_adapter import limits_of, make_evaluator, simulator_key
+
+STRESS_SEED_BASE = 8_000_000
+"""Stress drives' seeds: disjoint from on-policy drives (7,000,000 + drive < 100,000), validation's and
+calibration's; each stratum takes its own block of :data:`STRATUM_SEED_STRIDE`."""
+STRATUM_SEED_STRIDE = 100_000
+RECORDING_VERSION = 1
+"""Bump when what a stress recording holds changes, so that stale recordings are made again."""
+ERRORS_KIND, ERRORS_VERSION = "stress.errors", 1
+PREDICT_CHUNK = 64
+"""Frames per prediction call: a stratum of camera frames never materialises whole."""
+_FIELD = "calibration.error_data.stress"
+
+Predict = Callable[[Any], np.ndarray]
+"""Outputs of an NN (its own columns) for a batch of inputs."""
+
+
+def merged_params(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override`` merged in, nested mappings key by key (a stratum names only what it changes)."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged_params(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def stratum_seeds(index: int, drives: int) -> list[int]:
+    """The drive seeds of the ``index``-th stratum."""
+    return [STRESS_SEED_BASE + index * STRATUM_SEED_STRIDE + d for d in range(drives)]
+
+
+@dataclass(frozen=True)
+class StressSet:
+    """Every stratum's recordings (stratum -> NN -> :class:`~qaopt.calibrate.Recording`) and their content key."""
+
+    key: str
+    strata: Mapping[str, Mapping[str, Recording]]
+
+    def errors(self, nn: str, predict: Predict, metric: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, float]:
+        """NN ``nn``'s error metric on each stratum, for an NN that computes ``predict``."""
+        out = {}
+        for name, recordings in self.strata.items():
+            rec = recordings[nn]
+            n = len(rec.inputs)
+            pred = np.concatenate([np.asarray(predict(rec.inputs[i : i + PREDICT_CHUNK]), dtype=np.float64)
+                                   for i in range(0, n, PREDICT_CHUNK)])
+            out[name] = float(metric(pred, np.asarray(rec.truth)))
+        return out
+
+
+def record_stress(spec: AppSpec, models: Mapping[str, Any], fingerprints: Mapping[str, str],
+                  cache_dir: Path) -> StressSet | None:
+    """The spec's stress strata, recorded with ``models`` (the reference torch modules) steering; ``None`` without strata.
+
+    Read from ``cache_dir/stress`` when the simulator, its params, the steering NNs
+    (``fingerprints``) and the strata are those of a recording made before.
+    """
+    from qaopt.approx.quantize import predict_torch  # heavy (torch): only when strata are recorded
+
+    strata = spec.calibration.error_data.stress
+    if not strata:
+        return None
+    sim = spec.evaluator.simulator
+    if sim is None:
+        raise QaoptError(f"{spec.source}: {_FIELD} needs evaluator.simulator to record drives in; remove the strata "
+                         "or add the simulator")
+    steering = {n: partial(predict_torch, m) for n, m in models.items()}
+    recorded: dict[str, Mapping[str, Recording]] = {}
+    keys = []
+    for i, stratum in enumerate(strata):
+        where = f"{spec.source}: {_FIELD}.{i} ({stratum.name})"
+        stressed = _with_params(spec, merged_params(sim.params, stratum.params))
+        try:
+            evaluator = make_evaluator(stressed)
+        except QaoptError as exc:
+            raise QaoptError(f"{where}: its params do not make a simulator: {exc}") from None
+        if not isinstance(evaluator, Recorder):
+            raise QaoptError(f"{where}: the simulator {type(evaluator).__name__} cannot record drives (it has no "
+                             "record_perception method; see docs/extending.md); remove the strata")
+        seeds = stratum_seeds(i, stratum.drives)
+        key = content_hash(RECORDING_VERSION, simulator_key(stressed, evaluator), dict(sorted(fingerprints.items())),
+                           seeds, stratum.steps)
+        recorded[stratum.name] = _recording(spec, evaluator, steering, seeds, stratum.steps, key, cache_dir, where)
+        keys.append(key)
+    return StressSet(content_hash(keys), recorded)
+
+
+def _with_params(spec: AppSpec, params: dict[str, Any]) -> AppSpec:
+    sim = spec.evaluator.simulator.model_copy(update={"params": params})
+    return spec.model_copy(update={"evaluator": spec.evaluator.model_copy(update={"simulator": sim})})
+
+
+def _recording(spec: AppSpec, evaluator: Recorder, steering: Mapping[str, Predict], seeds: Sequence[int], steps: int,
+               key: str, cache_dir: Path, where: str) -> Mapping[str, Recording]:
+    path = cache_dir / "stress" / f"{key}.pkl"
+    if path.exists():
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except Exception as exc:  # noqa: BLE001 - a damaged pickle raises anything from EOFError to KeyError
+            store.set_aside(path, f"it does not load: {type(exc).__name__}")
+    nns = {n: p for n, p in steering.items() if n in evaluator.nn_names}
+    outcome = call_application(evaluator, "record_perception", nns, seeds, limits_of(spec), extra=(steps,))
+    if outcome.failure is not None:
+        raise ApplicationFault.raised(outcome.failure, f"stress drives ({where})")
+    recordings = dict(outcome.result)
+    missing = [n for n in spec.nns if n in evaluator.nn_names and not isinstance(recordings.get(n), Recording)]
+    if missing:
+        raise QaoptError(f"{where}: the simulator's record_perception returned no Recording for NN {missing[0]!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with store.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        pickle.dump(recordings, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return recordings
+
+
+def cached_errors(stress: StressSet, cache_dir: Path, nn: str, candidate_key: str, compute: Callable[[], dict[str, float]]
+                  ) -> dict[str, float]:
+    """A candidate's stratum errors, computed once per (strata, NN, candidate) and kept in the cache."""
+    path = cache_dir / "stress" / "errors" / stress.key / f"{nn}-{candidate_key}.json"
+    found = store.read_json(path, ERRORS_KIND, ERRORS_VERSION)
+    if isinstance(found, dict) and set(found) == set(stress.strata):
+        return {k: float(v) for k, v in found.items()}
+    errors = compute()
+    store.write_json(path, ERRORS_KIND, ERRORS_VERSION, errors)
+    return errors
+
+
+def stressed_coordinate(kind: str, error: float, reference_error: float, strata: Mapping[str, float],
+                        reference_strata: Mapping[str, float]) -> float:
+    """An NN's coordinate on its metric axis with stress strata (see the module docstring).
+
+    ``error`` is its coordinate on the error data, ``reference_error`` the reference NN's;
+    ``strata`` and ``reference_strata`` their errors on each stratum.
+    """
+    worst = error
+    for name, value in strata.items():
+        ref = reference_strata[name]
+        if is_class_metric(kind) or ref <= 0.0:
+            worst = max(worst, reference_error + (value - ref))
+        else:
+            worst = max(worst, reference_error * value / ref)
+    return float(worst)

@@ -17,9 +17,11 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from qaopt.app_spec import store  # noqa: E402
+from qaopt.tolerance import Tolerance  # noqa: E402
 from qaopt.approx import Knobs, describe  # noqa: E402
 from qaopt.approx.passes import knob_owners, passes  # noqa: E402
 from qaopt.result import (  # noqa: E402
+    AgnosticRule,
     Configuration,
     Fidelity,
     Latency,
@@ -70,7 +72,7 @@ def write_report(result: Result, run_dir: Path) -> Path:
         _row("reference (no approximation)", result.reference, "1.00x"),
     ]
     if result.agnostic:
-        lines.append(_row("application-agnostic (each NN within its reference error)", result.agnostic,
+        lines.append(_row("application-agnostic (each NN within its agnostic tolerance)", result.agnostic,
                           result.speedups.describe("agnostic")))
     if result.aware:
         lines.append(_row("application-aware (inside the error region)", result.aware, result.speedups.describe("aware")))
@@ -80,6 +82,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
                           ("reference", result.reference)):
         if config is not None:
             lines += [f"### {title}", "", _nn_table(config), ""]
+    if result.agnostic_rule is not None:
+        lines += ["### The application-agnostic tolerance", "", _agnostic_rule(result.agnostic_rule), ""]
     lines += ["## Error region", "", "![error region](region.png)", "",
               f"Region from `{result.region.name}`; the reference NNs sit at {format_errors(result.reference.errors)}.", ""]
     if result.region_note:
@@ -327,6 +331,20 @@ def _nn_table(config: Configuration) -> str:
         rows.append(f"| {name} | " + " | ".join(knobs[name].get(col, "") for col in columns) +
                     f" | {c.error:.4g} ({c.metric}) | {c.backend} | {format_latency(c.latency_ms, c.latency)} | "
                     f"{c.macs / 1e6:.1f} | {c.params / 1e3:.1f} | {backends} |")
+    return "\n".join(rows)
+
+
+def _agnostic_rule(rule: AgnosticRule) -> str:
+    """The rule in words, then per NN its reference error, its bound and the agnostic choice's error and upper bound."""
+    rows = [f"The application-agnostic baseline keeps each NN's error at its reference's: {rule.rule}.", "",
+            f"| NN | metric | reference error | bound | allowed excess | chosen error | excess, upper {rule.confidence:.0%} "
+            "bound |", "|---|---|---|---|---|---|---|"]
+    for name, t in rule.nns.items():
+        bound = Tolerance(t.metric, t.bound).describe()
+        chosen = "n/a" if t.chosen_error is None else f"{t.chosen_error:.4g}"
+        ucb = "n/a" if t.chosen_excess_ucb is None else f"{t.chosen_excess_ucb:+.4g}"
+        rows.append(f"| {name} | {t.metric} | {t.reference_error:.4g} | {bound} | {t.allowed_excess:.4g} | {chosen} | "
+                    f"{ucb} |")
     return "\n".join(rows)
 
 

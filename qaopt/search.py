@@ -13,7 +13,8 @@ Two studies run over the same space and share every cached candidate:
 
 - ``aware``: feasible when the error vector is inside the region (application-aware);
 - ``agnostic``: feasible when each NN's error stays within its reference error
-  (accuracy-preserving compression, today's practice), the baseline of the report.
+  (accuracy-preserving compression, today's practice), the baseline of the report,
+  by the rule of :mod:`qaopt.tolerance` (the upper confidence bound of the excess error).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
 from qaopt.plan import MergePlan, RunPlan
 from qaopt.seeding import Unit, informed_trial
-from qaopt.result import Configuration, StudySummary, TrialRecord, Validation
+from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
+from qaopt.result import AgnosticRule, Configuration, NNTolerance, StudySummary, TrialRecord, Validation
 
 Mode = Literal["aware", "agnostic"]
 MODES: tuple[Mode, ...] = ("aware", "agnostic")
@@ -142,7 +144,7 @@ class FixedRegion:
 @dataclass(frozen=True)
 class SearchContext:
     """What every trial, validation and export of a run builds and measures with: the one place ``optimize``
-    builds candidates. Immutable; its two dictionaries are memos of this process's measurements, so one
+    builds candidates. Immutable; its dictionaries are memos of this process's measurements and judgements, so one
     configuration never carries two different figures in a run.
 
     ``space`` maps NN errors to the region's axes (:meth:`ErrorRegion.errors_of`); which region
@@ -154,6 +156,7 @@ class SearchContext:
     space: ErrorRegion
     _measured: dict[tuple, MeasuredConfiguration] = field(default_factory=dict, repr=False, compare=False)
     _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False, compare=False)
+    _judged: dict[tuple[str, str], Judgement] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def target(self) -> kernels.Target:
@@ -210,11 +213,6 @@ class SearchContext:
         """The reference NNs (nothing approximated), as candidates."""
         return {name: self.build(name, knobs) for name, knobs in self.reference_knobs.items()}
 
-    @cached_property
-    def reference_nn_errors(self) -> dict[str, float]:
-        """Each reference NN's own error metric on its validation data (what accuracy-preserving compression keeps)."""
-        return {name: c.error for name, c in self.reference.items()}
-
     def measure(self, candidates: Mapping[str, Candidate], schedule: str, incumbent_ms: float | None = None
                 ) -> MeasuredConfiguration:
         """Compile and measure a configuration once per run: both studies and the reference share it,
@@ -248,21 +246,40 @@ class SearchContext:
             {n: np.concatenate([np.ravel(r) for r in c.residuals]) for n, c in candidates.items() if n in calibrated}
         )
 
+    def judgement(self, name: str, candidate: Candidate) -> Judgement:
+        """NN ``name``'s candidate against its reference by the agnostic rule (:func:`qaopt.tolerance.judge`), once per
+        candidate in a run."""
+        key = (name, candidate.key)
+        if key not in self._judged:
+            self._judged[key] = judge(self.plan.tolerances[name], candidate.residuals, self.reference[name].residuals)
+        return self._judged[key]
+
+    def over_tolerance(self, candidates: Mapping[str, Candidate]) -> float:
+        """How far the worst of ``candidates`` is outside its NN's agnostic tolerance (<= 0: every one within)."""
+        return max((self.judgement(n, c).violation(self.plan.tolerances[n]) for n, c in candidates.items()),
+                   default=0.0)
+
+    def agnostic_rule(self, chosen: Configuration | None) -> AgnosticRule:
+        """The agnostic rule, each NN's bound, and the NNs of ``chosen`` (the agnostic configuration) judged by it."""
+        candidates = self.candidates(chosen) if chosen is not None else {}
+        nns = {}
+        for name, reference in self.reference.items():
+            tolerance = self.plan.tolerances[name]
+            judged = self.judgement(name, candidates[name]) if name in candidates else None
+            nns[name] = NNTolerance(
+                metric=tolerance.metric, bound=tolerance.bound, absolute=tolerance.absolute,
+                reference_error=reference.error, allowed_excess=tolerance.allowed(reference.error),
+                chosen_error=judged.candidate if judged else None, chosen_excess_ucb=judged.ucb if judged else None)
+        return AgnosticRule(rule=RULE, confidence=CONFIDENCE, nns=nns)
+
     def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate],
                   region: ErrorRegion) -> float:
         """Optuna constraint value: <= 0 when feasible, else how far outside (relative); ``region`` judges aware trials."""
-        tolerance = self.plan.agnostic_tolerance
-        over_reference = max(
-            (c.error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - tolerance for n, c in candidates.items()),
-            default=0.0,
-        )
         if mode == "agnostic":
-            return over_reference
+            return self.over_tolerance(candidates)
         calibrated = {a.nn for a in region.space.axes}
-        uncalibrated = [n for n in candidates if n not in calibrated]
-        # An NN outside the error space has no proven headroom: it keeps its reference error.
-        if uncalibrated and max(candidates[n].error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - tolerance
-                                for n in uncalibrated) > 0:
+        # An NN outside the error space has no proven headroom: it keeps its reference error, by the agnostic rule.
+        if self.over_tolerance({n: c for n, c in candidates.items() if n not in calibrated}) > 0:
             return 1.0
         if region.contains(errors):
             return 0.0

@@ -51,7 +51,7 @@ class ReportStage(BaseStage):
             reference=ref,
             aware=aware,
             agnostic=agnostic,
-            agnostic_tolerance=plan.agnostic_tolerance,
+            agnostic_rule=reference.ctx.agnostic_rule(agnostic),
             speedups=Speedups.of(ref, aware, agnostic),
             validations=validated.front.validations,
             agnostic_validation=validated.agnostic_validation,

@@ -267,6 +267,16 @@ class AgnosticRule(_Model):
     nns: dict[str, NNTolerance]
 
 
+class ConvergenceCurve(_Model):
+    """The converged agnostic baseline's best-so-far (:mod:`qaopt.agnostic`): did its per-unit studies run long enough?"""
+
+    trials: int = Field(description="trials spent in all, over every unit's study")
+    units: list[str] = Field(default_factory=list, description="the units searched, each in a study of its own")
+    best_ms_by_trial: list[float | None] = Field(description=(
+        "entry t: the fastest layout's sum of its units' best latencies within tolerance (each measured alone) after "
+        "the first t + 1 trials of every unit; None while some unit has none"))
+
+
 class TrialRecord(_Model):
     """One finished trial of a study: what it sampled, where it fell, and what it measured."""
 
@@ -307,7 +317,8 @@ RESULT_VERSION = 6
 counts' totals in place of every metric's sum, and the region's provenance, 4 the fidelity figures
 (:class:`Fidelity`), the closed-loop checks during the search and why a trial is infeasible, 5 each latency's
 interval, trust flag and epoch (:class:`Latency`) and each speedup's interval and verdict (:class:`SpeedupInterval`),
-6 the agnostic baseline's rule on upper confidence bounds (:class:`AgnosticRule`). Version-4 files load as they are: the new fields are empty in them."""
+6 the agnostic baseline's rule on upper confidence bounds (:class:`AgnosticRule`) and its per-unit search's
+convergence (:class:`ConvergenceCurve`). Version-4 files load as they are: the new fields are empty in them."""
 FIDELITY_VERSION = 4
 """The first version with :class:`Fidelity`; an older (version-3) file is read with its fidelity recomputed."""
 
@@ -328,6 +339,8 @@ class Result(_Model):
         "before result version 6, the one relative bound every NN's point error was held to; now agnostic_rule"))
     agnostic_rule: AgnosticRule | None = Field(None, description=(
         "the agnostic baseline's rule, each NN's bound, and the chosen agnostic NNs' errors and upper bounds"))
+    agnostic_converged: ConvergenceCurve | None = Field(None, description=(
+        "the agnostic per-unit searches' best-so-far by trial (None before result version 6)"))
     speedups: Speedups
     validations: list[Validation]
     agnostic_validation: Validation | None = Field(

@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from math import inf
@@ -286,6 +287,20 @@ class SearchContext:
         return max(1e-3, 1.0 - region.probability(errors))
 
 
+@contextmanager
+def failures_recorded(trial: optuna.Trial) -> Iterator[None]:
+    """Whatever ends a trial early is recorded as its failure reason before Optuna fails the trial; an interruption
+    (Ctrl-C) too, whose retry :func:`optimize_until` enqueues."""
+    try:
+        yield
+    except Exception as exc:
+        trial.set_user_attr(ATTR_FAILURE, f"{type(exc).__name__}: {exc}")
+        raise
+    except BaseException as exc:
+        trial.set_user_attr(ATTR_FAILURE, interruption(exc))
+        raise
+
+
 class Objective:
     """One Optuna trial: sample knobs, build, check the region, then compile, tune and measure.
 
@@ -305,7 +320,7 @@ class Objective:
     def __call__(self, trial: optuna.Trial) -> list[float]:
         ctx = self.ctx
         self.trial = trial
-        try:
+        with failures_recorded(trial):
             schedule = trial.suggest_categorical("schedule", list(schedules_for(len(ctx.nns), threads_of(ctx.target))))
             candidates = self._candidates(trial)
             unusable = nonfinite(candidates)
@@ -341,12 +356,6 @@ class Objective:
             trial.set_user_attr(ATTR_CONFIGURATION, config.model_dump(mode="json"))
             self._say(trial, "finished")
             return self._values(frame.latency_ms, frame.memory_bytes)
-        except Exception as exc:
-            trial.set_user_attr(ATTR_FAILURE, f"{type(exc).__name__}: {exc}")
-            raise
-        except BaseException as exc:  # Ctrl-C: recorded before Optuna fails the trial; run_study enqueues its retry
-            trial.set_user_attr(ATTR_FAILURE, interruption(exc))
-            raise
 
     def _say(self, trial: optuna.Trial, phase: TrialPhase, detail: str = "") -> None:
         self.events.emit(TrialEvent(self.events.stage, self.mode, trial.number, phase, detail))
@@ -412,14 +421,7 @@ def run_study(
     correct the region there). ``events`` gets each trial's phases.
     """
     plan = ctx.plan
-    optuna.logging.set_verbosity(logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=plan.seed, multivariate=True, constant_liar=True)
-    directions = ["minimize"] * len(plan.objectives)
-    try:
-        study = optuna.create_study(study_name=plan.study_name(mode), storage=storage, sampler=sampler,
-                                    directions=directions, load_if_exists=True)
-    except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
-        study = optuna.load_study(study_name=plan.study_name(mode), storage=storage, sampler=sampler)
+    study = open_study(plan.study_name(mode), storage, plan.seed, len(plan.objectives))
     # The reference configuration (nothing approximated) is always the first trial of both studies.
     reference_knobs = ctx.reference_knobs
     spaces = {nn: plan.knob_spaces[nn] for nn in reference_knobs}
@@ -443,20 +445,48 @@ def run_study(
         if changed:
             study.enqueue_trial({**params, **changed}, skip_if_exists=True)
 
+    optimize_until(study, lambda: Objective(ctx, mode, region, events), plan.trials, on_done)
+    return study
+
+
+def open_study(name: str, storage: BaseStorage, seed: int, objectives: int) -> optuna.Study:
+    """Create or load (resume) the study ``name`` of ``objectives`` minimised values, with the run's seeded sampler."""
+    optuna.logging.set_verbosity(logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    try:
+        return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                   directions=["minimize"] * objectives, load_if_exists=True)
+    except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+
+
+class TrialObjective(Protocol):
+    """An objective that knows the trial it runs now (the one an interruption leaves unfinished)."""
+
+    trial: optuna.Trial | None
+
+    def __call__(self, trial: optuna.Trial) -> float | list[float]: ...
+
+
+def optimize_until(study: optuna.Study, objective: Callable[[], TrialObjective], trials: int,
+                   on_done: Callable[[optuna.Study, FrozenTrial], None] = lambda study, trial: None) -> None:
+    """Run ``study`` until it holds ``trials`` finished trials (:func:`finished_trials`); ``objective`` makes the
+    objective when any trial is left. An interruption fails the running trial and enqueues its retry."""
+
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
         on_done(study, trial)
-        if finished_trials(study) >= plan.trials:
+        if finished_trials(study) >= trials:
             study.stop()
 
-    if finished_trials(study) < plan.trials:
-        objective = Objective(ctx, mode, region, events)
-        try:
-            study.optimize(objective, catch=(Exception,), callbacks=[stop_when_done], gc_after_trial=True)
-        except BaseException as exc:  # Ctrl-C (KeyboardInterrupt, or the CLI's own), SystemExit: not a trial's fault
-            if not isinstance(exc, Exception) and objective.trial is not None:
-                record_interruption(study, objective.trial, exc)
-            raise
-    return study
+    if finished_trials(study) >= trials:
+        return
+    running = objective()
+    try:
+        study.optimize(running, catch=(Exception,), callbacks=[stop_when_done], gc_after_trial=True)
+    except BaseException as exc:  # Ctrl-C (KeyboardInterrupt, or the CLI's own), SystemExit: not a trial's fault
+        if not isinstance(exc, Exception) and running.trial is not None:
+            record_interruption(study, running.trial, exc)
+        raise
 
 
 INTERRUPTED = "interrupted"

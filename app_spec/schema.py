@@ -29,6 +29,9 @@ from .hashing import content_hash
 from .nn_errors import CLASS_COMPONENTS, CLASS_METRICS, Component, MetricKind, axis_name
 from .store import DEFAULT_CACHE_DIR
 
+MAX_RELATIVE_TOLERANCE = 10.0
+"""The largest ``nns.<name>.agnostic_tolerance``: a relative bound of 1000 % of the reference error is no baseline."""
+
 DEFAULT_TIME_LIMIT_S = 1800.0
 """Seconds one simulator call (a block of seeded runs) may take: the shipped examples' slowest block (8 CropFollow
 closed-loop runs on one core) takes well under a minute, so only a hung simulator reaches it."""
@@ -405,13 +408,31 @@ class NNSpec(Section):
     input: Name | None = Field(None, description=(
         "the input stream the NN reads (a camera, a lidar): NNs that name the same input read the same frame, "
         "and may share one backbone (search.merge)"))
+    agnostic_tolerance: float | None = Field(None, ge=0.0, le=MAX_RELATIVE_TOLERANCE, description=(
+        "how much worse than the reference this NN may err in the application-agnostic baseline, judged on the upper "
+        "95 % confidence bound of the excess error (qaopt.tolerance, docs/knobs.md): for l1 / rmse / mse / max_abs "
+        "a share of the reference error (default 0.02: 2 %); for miss_rate / false_alarm_rate an absolute bound in "
+        "rate points (default 0.005: half a point)"))
 
     @model_validator(mode="after")
     def _metric_names_an_output(self) -> NNSpec:
         names = [o.name for o in self.outputs]
         if self.error_metric.output not in names:
             raise ValueError(f"error_metric.output {self.error_metric.output!r} is not one of the outputs {names}")
+        bound = self.agnostic_tolerance
+        if bound is not None and self.error_metric.kind in CLASS_METRICS and bound >= 1.0:
+            raise ValueError(f"agnostic_tolerance: {bound} is in rate points for the {self.error_metric.kind} metric "
+                             "(0.005 is half a point), and a bound of 1 or more accepts any detector; give a rate "
+                             "below 1, e.g. 0.005")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # No tolerance given: left out, so the content hashes (and caches) of specs written before it existed hold.
+        data = handler(self)
+        if self.agnostic_tolerance is None and isinstance(data, dict):
+            data.pop("agnostic_tolerance", None)
+        return data
 
 
 # ---------------------------------------------------------------- calibration

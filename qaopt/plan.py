@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qaopt import kernels
-from qaopt.app_spec import AppSpec
+from qaopt.app_spec import AppSpec, content_hash
 from qaopt.calibrate import (
     AcceptanceTest,
     Application,
@@ -34,9 +34,7 @@ from qaopt.profiles import Profile, get_profile
 from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, limits_of, make_evaluator
 from qaopt.stress import StressSet, record_stress
 from qaopt.target_fit import LeftOut, fit_target
-
-AGNOSTIC_TOLERANCE = 0.02
-"""Accuracy-preserving compression may lose this much relative NN error (measurement noise)."""
+from qaopt.tolerance import Tolerance
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,10 @@ class BoundApplication:
     @property
     def key(self) -> str:
         """What closed-loop runs depend on: the simulator, the QoS goal and the NNs (their data defines the axes)."""
-        return self._spec.content_hash("evaluator", "qos", "nns")
+        spec = self._spec
+        # The agnostic tolerance judges the search's baseline, not what a closed-loop run does: it keys nothing here.
+        nns = {name: nn.model_copy(update={"agnostic_tolerance": None}) for name, nn in spec.nns.items()}
+        return content_hash({"evaluator": spec.evaluator, "qos": spec.qos, "nns": nns})
 
     @property
     def evaluation_key(self) -> str:
@@ -175,7 +176,8 @@ class RunPlan:
     closed_loop: ClosedLoopPlan
     validation_runs: int
     validate_top: int
-    agnostic_tolerance: float = AGNOSTIC_TOLERANCE
+    tolerances: Mapping[str, Tolerance]
+    """NN -> its application-agnostic bound (``nns.<name>.agnostic_tolerance`` or its metric's default)."""
 
     @property
     def source(self) -> Path | None:
@@ -245,6 +247,7 @@ def build_plan(
         ),
         validation_runs=prof.validation_runs,
         validate_top=prof.validate_top,
+        tolerances={name: Tolerance.default(nn.error_metric.kind, nn.agnostic_tolerance) for name, nn in spec.nns.items()},
     )
 
 

@@ -16,11 +16,15 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from qaopt.agnostic import AGNOSTIC_STUDY_PREFIX  # noqa: E402
 from qaopt.app_spec import store  # noqa: E402
+from qaopt.tolerance import Tolerance  # noqa: E402
 from qaopt.approx import Knobs, describe  # noqa: E402
 from qaopt.approx.passes import knob_owners, passes  # noqa: E402
 from qaopt.result import (  # noqa: E402
+    AgnosticRule,
     Configuration,
+    ConvergenceCurve,
     Fidelity,
     Latency,
     Result,
@@ -70,7 +74,7 @@ def write_report(result: Result, run_dir: Path) -> Path:
         _row("reference (no approximation)", result.reference, "1.00x"),
     ]
     if result.agnostic:
-        lines.append(_row("application-agnostic (each NN within its reference error)", result.agnostic,
+        lines.append(_row("application-agnostic (each NN within its agnostic tolerance)", result.agnostic,
                           result.speedups.describe("agnostic")))
     if result.aware:
         lines.append(_row("application-aware (inside the error region)", result.aware, result.speedups.describe("aware")))
@@ -80,6 +84,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
                           ("reference", result.reference)):
         if config is not None:
             lines += [f"### {title}", "", _nn_table(config), ""]
+    if result.agnostic_rule is not None:
+        lines += ["### The application-agnostic tolerance", "", _agnostic_rule(result.agnostic_rule), ""]
     lines += ["## Error region", "", "![error region](region.png)", "",
               f"Region from `{result.region.name}`; the reference NNs sit at {format_errors(result.reference.errors)}.", ""]
     if result.region_note:
@@ -93,6 +99,10 @@ def write_report(result: Result, run_dir: Path) -> Path:
         lines += ["### Closed-loop checks during the search", "", CHECKS_NOTE, "", _validation_table(checks), ""]
     lines += ["### Region fidelity", "", _fidelity(result.fidelity), ""]
     lines += ["## Search", "", f"![Pareto front]({pareto.name})", "", PARETO_NOTE, ""]
+    if result.agnostic_converged is not None:
+        curve = plot_convergence(result.agnostic_converged, run_dir / CONVERGENCE_PLOT)
+        lines += ["### Application-agnostic baseline", "", _convergence(result.agnostic_converged), "",
+                  f"![agnostic convergence]({curve.name})", ""]
     if result.left_out:
         lines += ["Left out of the search (the target cannot run them):", ""] + [f"- {v}" for v in result.left_out] + [""]
     lines += ["| study | complete | feasible | failed |", "|---|---|---|---|"]
@@ -115,6 +125,40 @@ def write_report(result: Result, run_dir: Path) -> Path:
             lines.append(f"- `{nn}`: " + ", ".join(f"{kind} `{Path(p).relative_to(run_dir.resolve())}`"
                                                    for kind, p in files.items()))
     return store.write_text(run_dir / "report.md", "\n".join(lines) + "\n")
+
+
+CONVERGENCE_PLOT = "agnostic_convergence.png"
+CONVERGENCE_NOTE = ("The agnostic constraint is per NN, so each NN (or merge group) was searched alone for its fastest "
+                    "candidate within its tolerance, with the aware study's trial budget each; the curve is the fastest "
+                    "layout's sum of its units' best latencies (each measured alone) after each round of unit trials. "
+                    "The baseline's frame was then measured whole, like the aware side's.")
+
+
+def _convergence(curve: ConvergenceCurve) -> str:
+    """The curve in one line: where it ended and when it last improved."""
+    found = [(t, ms) for t, ms in enumerate(curve.best_ms_by_trial) if ms is not None]
+    if not found:
+        return (f"{CONVERGENCE_NOTE} No layout had a candidate within tolerance for every unit in {curve.trials} trials "
+                f"over {len(curve.units)} units ({', '.join(curve.units)}).")
+    last = found[-1][1]
+    settled = next(t for t, ms in found if ms == last)
+    return (f"{CONVERGENCE_NOTE} Units: {', '.join(curve.units)}; {curve.trials} trials in all. Best sum "
+            f"{last:.3g} ms, reached in round {settled + 1} of {len(curve.best_ms_by_trial)} and not improved after.")
+
+
+def plot_convergence(curve: ConvergenceCurve, path: Path) -> Path:
+    """The agnostic baseline's best-so-far by round of unit trials."""
+    fig, ax = plt.subplots(figsize=(6.0, 3.2))
+    rounds = [t + 1 for t, ms in enumerate(curve.best_ms_by_trial) if ms is not None]
+    ax.step(rounds, [ms for ms in curve.best_ms_by_trial if ms is not None], where="post", color="black")
+    ax.set_xlabel("trials per unit")
+    ax.set_ylabel("best sum of unit latencies (ms)")
+    ax.set_title("Application-agnostic baseline: best so far")
+    ax.grid(alpha=0.3)
+    with store.atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+    plt.close(fig)
+    return path
 
 
 def plot_pareto(result: Result, path: Path) -> Path:
@@ -156,8 +200,9 @@ def pareto_figure(result: Result) -> Figure:
     trial against 0 ms; on a log axis the gap between the reference and a chosen configuration is its speedup.
     Filled = feasible (tuned), hollow = infeasible (untuned).
     """
+    # The agnostic baseline's unit studies time one NN (or merged group) alone, not a frame: the convergence plot shows them.
     points = {mode: [p for t in study.trials if t.state == "complete" and (p := _point(t)) is not None]
-              for mode, study in result.studies.items()}
+              for mode, study in result.studies.items() if not mode.startswith(AGNOSTIC_STUDY_PREFIX)}
     families = sorted({p.family for pts in points.values() for p in pts},
                       key=lambda f: (f != "reference", f.count("+"), f))
     colours = {f: FAMILY_PALETTE(FAMILY_COLOURS[i % len(FAMILY_COLOURS)], alpha=0.85) for i, f in enumerate(families)}
@@ -327,6 +372,20 @@ def _nn_table(config: Configuration) -> str:
         rows.append(f"| {name} | " + " | ".join(knobs[name].get(col, "") for col in columns) +
                     f" | {c.error:.4g} ({c.metric}) | {c.backend} | {format_latency(c.latency_ms, c.latency)} | "
                     f"{c.macs / 1e6:.1f} | {c.params / 1e3:.1f} | {backends} |")
+    return "\n".join(rows)
+
+
+def _agnostic_rule(rule: AgnosticRule) -> str:
+    """The rule in words, then per NN its reference error, its bound and the agnostic choice's error and upper bound."""
+    rows = [f"The application-agnostic baseline keeps each NN's error at its reference's: {rule.rule}.", "",
+            f"| NN | metric | reference error | bound | allowed excess | chosen error | excess, upper {rule.confidence:.0%} "
+            "bound |", "|---|---|---|---|---|---|---|"]
+    for name, t in rule.nns.items():
+        bound = Tolerance(t.metric, t.bound).describe()
+        chosen = "n/a" if t.chosen_error is None else f"{t.chosen_error:.4g}"
+        ucb = "n/a" if t.chosen_excess_ucb is None else f"{t.chosen_excess_ucb:+.4g}"
+        rows.append(f"| {name} | {t.metric} | {t.reference_error:.4g} | {bound} | {t.allowed_excess:.4g} | {chosen} | "
+                    f"{ucb} |")
     return "\n".join(rows)
 
 

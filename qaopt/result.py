@@ -245,6 +245,38 @@ class Speedups(_Model):
         return f"{value:.2f}x" + (f" ({note})" if note else "")
 
 
+class NNTolerance(_Model):
+    """One NN's application-agnostic bound, and where the chosen agnostic configuration's NN sits against it."""
+
+    metric: str
+    bound: float = Field(description=(
+        "nns.<name>.agnostic_tolerance or its metric's default: a share of the reference error, or rate points"))
+    absolute: bool = Field(description="True: the bound is in rate points (a rate metric); False: relative")
+    reference_error: float = Field(description="the reference NN's error on its validation data")
+    allowed_excess: float = Field(description="the excess over the reference error the bound allows, in the metric's unit")
+    chosen_error: float | None = Field(None, description="the agnostic configuration's NN's error (None: none chosen)")
+    chosen_excess_ucb: float | None = Field(None, description=(
+        "the upper confidence bound of its excess error over the reference's, the figure the rule judges"))
+
+
+class AgnosticRule(_Model):
+    """The rule that made the application-agnostic baseline, and its numbers (:mod:`qaopt.tolerance`)."""
+
+    rule: str = Field(description="the rule in words")
+    confidence: float = Field(description="the one-sided confidence of the upper bounds")
+    nns: dict[str, NNTolerance]
+
+
+class ConvergenceCurve(_Model):
+    """The converged agnostic baseline's best-so-far (:mod:`qaopt.agnostic`): did its per-unit studies run long enough?"""
+
+    trials: int = Field(description="trials spent in all, over every unit's study")
+    units: list[str] = Field(default_factory=list, description="the units searched, each in a study of its own")
+    best_ms_by_trial: list[float | None] = Field(description=(
+        "entry t: the fastest layout's sum of its units' best latencies within tolerance (each measured alone) after "
+        "the first t + 1 trials of every unit; None while some unit has none"))
+
+
 class TrialRecord(_Model):
     """One finished trial of a study: what it sampled, where it fell, and what it measured."""
 
@@ -280,12 +312,13 @@ class StudySummary(_Model):
         return sorted(configs, key=lambda c: (c.latency_ms, c.memory_bytes or 0))
 
 
-RESULT_VERSION = 5
+RESULT_VERSION = 6
 """Bumped when ``result.json`` changes meaning; 2 added the trials tables, 3 per-metric means, worst runs and
 counts' totals in place of every metric's sum, and the region's provenance, 4 the fidelity figures
 (:class:`Fidelity`), the closed-loop checks during the search and why a trial is infeasible, 5 each latency's
-interval, trust flag and epoch (:class:`Latency`) and each speedup's interval and verdict (:class:`SpeedupInterval`).
-Version-4 files load as they are: the new fields are empty in them."""
+interval, trust flag and epoch (:class:`Latency`) and each speedup's interval and verdict (:class:`SpeedupInterval`),
+6 the agnostic baseline's rule on upper confidence bounds (:class:`AgnosticRule`) and its per-unit search's
+convergence (:class:`ConvergenceCurve`). Version-4 files load as they are: the new fields are empty in them."""
 FIDELITY_VERSION = 4
 """The first version with :class:`Fidelity`; an older (version-3) file is read with its fidelity recomputed."""
 
@@ -302,7 +335,12 @@ class Result(_Model):
     reference: Configuration
     aware: Configuration | None = Field(None, description="the accepted application-aware configuration")
     agnostic: Configuration | None = Field(None, description="the best accuracy-preserving configuration")
-    agnostic_tolerance: float
+    agnostic_tolerance: float | None = Field(None, description=(
+        "before result version 6, the one relative bound every NN's point error was held to; now agnostic_rule"))
+    agnostic_rule: AgnosticRule | None = Field(None, description=(
+        "the agnostic baseline's rule, each NN's bound, and the chosen agnostic NNs' errors and upper bounds"))
+    agnostic_converged: ConvergenceCurve | None = Field(None, description=(
+        "the agnostic per-unit searches' best-so-far by trial (None before result version 6)"))
     speedups: Speedups
     validations: list[Validation]
     agnostic_validation: Validation | None = Field(

@@ -13,7 +13,8 @@ Two studies run over the same space and share every cached candidate:
 
 - ``aware``: feasible when the error vector is inside the region (application-aware);
 - ``agnostic``: feasible when each NN's error stays within its reference error
-  (accuracy-preserving compression, today's practice), the baseline of the report.
+  (accuracy-preserving compression, today's practice), the baseline of the report,
+  by the rule of :mod:`qaopt.tolerance` (the upper confidence bound of the excess error).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from math import inf
@@ -46,7 +48,8 @@ from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_
 from qaopt.plan import MergePlan, RunPlan
 from qaopt.seeding import Unit, informed_trial
 from qaopt.stress import StressSet, cached_errors, stressed_coordinate
-from qaopt.result import Configuration, StudySummary, TrialRecord, Validation
+from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
+from qaopt.result import AgnosticRule, Configuration, NNTolerance, StudySummary, TrialRecord, Validation
 
 Mode = Literal["aware", "agnostic"]
 MODES: tuple[Mode, ...] = ("aware", "agnostic")
@@ -143,7 +146,7 @@ class FixedRegion:
 @dataclass(frozen=True)
 class SearchContext:
     """What every trial, validation and export of a run builds and measures with: the one place ``optimize``
-    builds candidates. Immutable; its two dictionaries are memos of this process's measurements, so one
+    builds candidates. Immutable; its dictionaries are memos of this process's measurements and judgements, so one
     configuration never carries two different figures in a run.
 
     ``space`` maps NN errors to the region's axes (:meth:`ErrorRegion.errors_of`); which region
@@ -158,6 +161,7 @@ class SearchContext:
     _measured: dict[tuple, MeasuredConfiguration] = field(default_factory=dict, repr=False, compare=False)
     _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False, compare=False)
     _strata: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict, repr=False, compare=False)
+    _judged: dict[tuple[str, str], Judgement] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def target(self) -> kernels.Target:
@@ -214,11 +218,6 @@ class SearchContext:
         """The reference NNs (nothing approximated), as candidates."""
         return {name: self.build(name, knobs) for name, knobs in self.reference_knobs.items()}
 
-    @cached_property
-    def reference_nn_errors(self) -> dict[str, float]:
-        """Each reference NN's own error metric on its validation data (what accuracy-preserving compression keeps)."""
-        return {name: c.error for name, c in self.reference.items()}
-
     def measure(self, candidates: Mapping[str, Candidate], schedule: str, incumbent_ms: float | None = None
                 ) -> MeasuredConfiguration:
         """Compile and measure a configuration once per run: both studies and the reference share it,
@@ -274,25 +273,58 @@ class SearchContext:
                                               lambda: self.stress.errors(candidate.nn, candidate.predict, metric))
         return self._strata[key]
 
+    def judgement(self, name: str, candidate: Candidate) -> Judgement:
+        """NN ``name``'s candidate against its reference by the agnostic rule (:func:`qaopt.tolerance.judge`), once per
+        candidate in a run."""
+        key = (name, candidate.key)
+        if key not in self._judged:
+            self._judged[key] = judge(self.plan.tolerances[name], candidate.residuals, self.reference[name].residuals)
+        return self._judged[key]
+
+    def over_tolerance(self, candidates: Mapping[str, Candidate]) -> float:
+        """How far the worst of ``candidates`` is outside its NN's agnostic tolerance (<= 0: every one within)."""
+        return max((self.judgement(n, c).violation(self.plan.tolerances[n]) for n, c in candidates.items()),
+                   default=0.0)
+
+    def agnostic_rule(self, chosen: Configuration | None) -> AgnosticRule:
+        """The agnostic rule, each NN's bound, and the NNs of ``chosen`` (the agnostic configuration) judged by it."""
+        candidates = self.candidates(chosen) if chosen is not None else {}
+        nns = {}
+        for name, reference in self.reference.items():
+            tolerance = self.plan.tolerances[name]
+            judged = self.judgement(name, candidates[name]) if name in candidates else None
+            nns[name] = NNTolerance(
+                metric=tolerance.metric, bound=tolerance.bound, absolute=tolerance.absolute,
+                reference_error=reference.error, allowed_excess=tolerance.allowed(reference.error),
+                chosen_error=judged.candidate if judged else None, chosen_excess_ucb=judged.ucb if judged else None)
+        return AgnosticRule(rule=RULE, confidence=CONFIDENCE, nns=nns)
+
     def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate],
                   region: ErrorRegion) -> float:
         """Optuna constraint value: <= 0 when feasible, else how far outside (relative); ``region`` judges aware trials."""
-        tolerance = self.plan.agnostic_tolerance
-        over_reference = max(
-            (c.error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - tolerance for n, c in candidates.items()),
-            default=0.0,
-        )
         if mode == "agnostic":
-            return over_reference
+            return self.over_tolerance(candidates)
         calibrated = {a.nn for a in region.space.axes}
-        uncalibrated = [n for n in candidates if n not in calibrated]
-        # An NN outside the error space has no proven headroom: it keeps its reference error.
-        if uncalibrated and max(candidates[n].error / max(self.reference_nn_errors[n], 1e-12) - 1.0 - tolerance
-                                for n in uncalibrated) > 0:
+        # An NN outside the error space has no proven headroom: it keeps its reference error, by the agnostic rule.
+        if self.over_tolerance({n: c for n, c in candidates.items() if n not in calibrated}) > 0:
             return 1.0
         if region.contains(errors):
             return 0.0
         return max(1e-3, 1.0 - region.probability(errors))
+
+
+@contextmanager
+def failures_recorded(trial: optuna.Trial) -> Iterator[None]:
+    """Whatever ends a trial early is recorded as its failure reason before Optuna fails the trial; an interruption
+    (Ctrl-C) too, whose retry :func:`optimize_until` enqueues."""
+    try:
+        yield
+    except Exception as exc:
+        trial.set_user_attr(ATTR_FAILURE, f"{type(exc).__name__}: {exc}")
+        raise
+    except BaseException as exc:
+        trial.set_user_attr(ATTR_FAILURE, interruption(exc))
+        raise
 
 
 class Objective:
@@ -314,7 +346,7 @@ class Objective:
     def __call__(self, trial: optuna.Trial) -> list[float]:
         ctx = self.ctx
         self.trial = trial
-        try:
+        with failures_recorded(trial):
             schedule = trial.suggest_categorical("schedule", list(schedules_for(len(ctx.nns), threads_of(ctx.target))))
             candidates = self._candidates(trial)
             unusable = nonfinite(candidates)
@@ -350,12 +382,6 @@ class Objective:
             trial.set_user_attr(ATTR_CONFIGURATION, config.model_dump(mode="json"))
             self._say(trial, "finished")
             return self._values(frame.latency_ms, frame.memory_bytes)
-        except Exception as exc:
-            trial.set_user_attr(ATTR_FAILURE, f"{type(exc).__name__}: {exc}")
-            raise
-        except BaseException as exc:  # Ctrl-C: recorded before Optuna fails the trial; run_study enqueues its retry
-            trial.set_user_attr(ATTR_FAILURE, interruption(exc))
-            raise
 
     def _say(self, trial: optuna.Trial, phase: TrialPhase, detail: str = "") -> None:
         self.events.emit(TrialEvent(self.events.stage, self.mode, trial.number, phase, detail))
@@ -421,14 +447,7 @@ def run_study(
     correct the region there). ``events`` gets each trial's phases.
     """
     plan = ctx.plan
-    optuna.logging.set_verbosity(logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=plan.seed, multivariate=True, constant_liar=True)
-    directions = ["minimize"] * len(plan.objectives)
-    try:
-        study = optuna.create_study(study_name=plan.study_name(mode), storage=storage, sampler=sampler,
-                                    directions=directions, load_if_exists=True)
-    except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
-        study = optuna.load_study(study_name=plan.study_name(mode), storage=storage, sampler=sampler)
+    study = open_study(plan.study_name(mode), storage, plan.seed, len(plan.objectives))
     # The reference configuration (nothing approximated) is always the first trial of both studies.
     reference_knobs = ctx.reference_knobs
     spaces = {nn: plan.knob_spaces[nn] for nn in reference_knobs}
@@ -452,20 +471,48 @@ def run_study(
         if changed:
             study.enqueue_trial({**params, **changed}, skip_if_exists=True)
 
+    optimize_until(study, lambda: Objective(ctx, mode, region, events), plan.trials, on_done)
+    return study
+
+
+def open_study(name: str, storage: BaseStorage, seed: int, objectives: int) -> optuna.Study:
+    """Create or load (resume) the study ``name`` of ``objectives`` minimised values, with the run's seeded sampler."""
+    optuna.logging.set_verbosity(logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    try:
+        return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                   directions=["minimize"] * objectives, load_if_exists=True)
+    except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+
+
+class TrialObjective(Protocol):
+    """An objective that knows the trial it runs now (the one an interruption leaves unfinished)."""
+
+    trial: optuna.Trial | None
+
+    def __call__(self, trial: optuna.Trial) -> float | list[float]: ...
+
+
+def optimize_until(study: optuna.Study, objective: Callable[[], TrialObjective], trials: int,
+                   on_done: Callable[[optuna.Study, FrozenTrial], None] = lambda study, trial: None) -> None:
+    """Run ``study`` until it holds ``trials`` finished trials (:func:`finished_trials`); ``objective`` makes the
+    objective when any trial is left. An interruption fails the running trial and enqueues its retry."""
+
     def stop_when_done(study: optuna.Study, trial: FrozenTrial) -> None:
         on_done(study, trial)
-        if finished_trials(study) >= plan.trials:
+        if finished_trials(study) >= trials:
             study.stop()
 
-    if finished_trials(study) < plan.trials:
-        objective = Objective(ctx, mode, region, events)
-        try:
-            study.optimize(objective, catch=(Exception,), callbacks=[stop_when_done], gc_after_trial=True)
-        except BaseException as exc:  # Ctrl-C (KeyboardInterrupt, or the CLI's own), SystemExit: not a trial's fault
-            if not isinstance(exc, Exception) and objective.trial is not None:
-                record_interruption(study, objective.trial, exc)
-            raise
-    return study
+    if finished_trials(study) >= trials:
+        return
+    running = objective()
+    try:
+        study.optimize(running, catch=(Exception,), callbacks=[stop_when_done], gc_after_trial=True)
+    except BaseException as exc:  # Ctrl-C (KeyboardInterrupt, or the CLI's own), SystemExit: not a trial's fault
+        if not isinstance(exc, Exception) and running.trial is not None:
+            record_interruption(study, running.trial, exc)
+        raise
 
 
 INTERRUPTED = "interrupted"

@@ -65,7 +65,11 @@ def test_end_to_end_outputs(tiny_run):
     run = spec.parent / "runs"
     assert Result.load(run / "result.json") == result
     assert result.studies["aware"].trials_complete + result.studies["aware"].trials_failed == 4
-    assert result.studies["agnostic"].trials_complete == 4
+    # The agnostic baseline: a study per NN and per merge group, each with the aware study's budget.
+    assert {m: s.trials_complete for m, s in result.studies.items() if m != "aware"} == {
+        "agnostic.a": 4, "agnostic.b": 4, "agnostic.a+b": 4}
+    assert result.agnostic_converged is not None and result.agnostic_converged.trials == 12
+    assert result.agnostic_rule is not None and set(result.agnostic_rule.nns) == {"a", "b"}
     # The reference configuration is the first trial of each study, measured once.
     assert result.reference.latency_ms > 0 and result.reference.errors.keys() == {"a", "b"}
     assert result.aware is not None and result.aware.in_region
@@ -74,7 +78,8 @@ def test_end_to_end_outputs(tiny_run):
     assert result.agnostic_validation is not None and 1 <= result.agnostic_validation.runs <= 6
     report = (run / "report.md").read_text()
     assert "the application-agnostic configuration passed" in report
-    for section in ("## Outcome", "## Error region", "## Closed-loop validation", "## Search", "region.png", "pareto.png"):
+    for section in ("## Outcome", "## Error region", "## Closed-loop validation", "## Search", "region.png", "pareto.png",
+                    "### The application-agnostic tolerance", "agnostic_convergence.png"):
         assert section in report
     assert (run / "pareto.png").stat().st_size > 0 and (run / "region.png").stat().st_size > 0
 

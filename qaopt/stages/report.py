@@ -7,6 +7,7 @@ artifacts alone, and the report is a pure function of it (:func:`qaopt.report.wr
 
 from __future__ import annotations
 
+from qaopt.agnostic import AgnosticSearch
 from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.report import write_report
 from qaopt.result import Fidelity, Result, Speedups
@@ -40,7 +41,8 @@ class ReportStage(BaseStage):
         # The report's region.png: the region searched in, with this run's closed-loop evidence and both configurations.
         calibrated.searched(validated.front.evidence).plot(
             plan.run_dir / REGION_PLOT, reference=ref.errors, chosen=aware.errors if aware is not None else None)
-        studies = {"aware": aware_study.summary, "agnostic": inputs["agnostic search"]}
+        agnostic_search: AgnosticSearch = inputs["agnostic search"]
+        studies = {"aware": aware_study.summary, **agnostic_search.studies}
         target = plan.target
         result = Result(
             app=plan.app,
@@ -51,7 +53,8 @@ class ReportStage(BaseStage):
             reference=ref,
             aware=aware,
             agnostic=agnostic,
-            agnostic_tolerance=plan.agnostic_tolerance,
+            agnostic_rule=reference.ctx.agnostic_rule(agnostic),
+            agnostic_converged=agnostic_search.converged,
             speedups=Speedups.of(ref, aware, agnostic),
             validations=validated.front.validations,
             agnostic_validation=validated.agnostic_validation,

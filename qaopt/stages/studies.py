@@ -1,18 +1,19 @@
-"""The search stages: the application-aware study, then the application-agnostic one.
+"""The search stages: the application-aware study, then the application-agnostic baseline.
 
 Both search the same per-NN knob spaces and share every cached candidate and
 measurement (:mod:`qaopt.search`). The aware study is judged by the region that the
 closed-loop checks own (:class:`~qaopt.stages.checks.ClosedLoopChecks`, which correct it
-as the study runs); the agnostic study by each NN's reference error, in a region
-nobody corrects. Each artifact is the study's :class:`~qaopt.result.StudySummary`; the
-study itself lives in the Optuna storage (``study.db`` or ``--storage``), under a name
-that holds the spec's hash, so a resumed run continues it.
+as the study runs); the agnostic baseline by each NN's tolerance (:mod:`qaopt.tolerance`),
+one study per NN or merge group (:mod:`qaopt.agnostic`). The studies live in the Optuna
+storage (``study.db`` or ``--storage``), under names that hold the spec's hash, so a
+resumed run continues them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qaopt.agnostic import AgnosticSearch, search_agnostic, units_of
 from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.result import StudySummary
 from qaopt.search import FixedRegion, run_study, summarize
@@ -52,20 +53,20 @@ class AwareStudyStage(BaseStage):
 
 @register_stage
 class AgnosticStudyStage(BaseStage):
-    """The application-agnostic study: each NN within its reference error (accuracy-preserving compression)."""
+    """The application-agnostic baseline: each NN (or merge group) searched alone within its tolerance, then combined
+    (:mod:`qaopt.agnostic`)."""
 
     name = "agnostic search"
     inputs = ("reference NNs", "pruning ladders", "aware search")
-    artifact = "the Optuna storage"
+    artifact = "the Optuna storage (a study per unit)"
 
     def total(self, run: StageRun, inputs) -> float | None:
-        return run.plan.trials
+        return len(units_of(inputs["reference NNs"].ctx)) * run.plan.trials
 
-    def run(self, run: StageRun, inputs) -> StudySummary:
+    def run(self, run: StageRun, inputs) -> AgnosticSearch:
         reference: Reference = inputs["reference NNs"]
         aware: AwareSearch = inputs["aware search"]
         # The region as the aware study's checks left it: an agnostic configuration's "in region" is judged by
         # what the run knows at the end, the same evidence validation starts from.
         region = FixedRegion(aware.checks.current().region)
-        study = run_study(reference.ctx, "agnostic", run.storage, region, run.emitter(self.name))
-        return summarize(study, run.plan.objectives)
+        return search_agnostic(reference.ctx, run.storage, region, run.emitter(self.name))

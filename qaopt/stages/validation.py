@@ -225,7 +225,7 @@ class ValidationStage(BaseStage):
             front = replace(front, evidence=grown)
         if front.evidence is not evidence:
             front.evidence.save(run.plan.run_dir)
-        agnostic = next(iter(inputs["agnostic search"].feasible_configurations()), None)
+        agnostic = inputs["agnostic search"].chosen
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
         # (free when it is the aware choice's NNs, already run on these seeds).
         agnostic_validation = (validate_configuration(reference.ctx, agnostic, seed_base=ACCEPTANCE_SEED_BASE, **options)

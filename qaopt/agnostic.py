@@ -1,0 +1,258 @@
+"""The application-agnostic baseline, converged: each NN (or merge group) searched alone, then combined.
+
+The agnostic constraint is per NN (each NN within its own tolerance, :mod:`qaopt.tolerance`),
+so its optimum is separable: the fastest configuration is each unit's fastest candidate
+within tolerance, put together. A joint study over every NN's knobs at once wastes its
+trials on combinations where one NN is outside (the real result's agnostic study found 8
+feasible trials in 40 and stopped at unpruned int8), so here each **unit** (an NN alone, or
+a merge group's merged NN, whose every head must stay within its own NN's tolerance) gets
+an Optuna study of its own:
+
+- named ``<app>-<spec hash>-agnostic.<unit>`` in the run's storage, so a resumed run
+  continues it and the result summarises it like the aware study;
+- with the aware study's trial budget (``plan.trials``) per unit;
+- objective: the unit's own latency, its candidate(s) compiled, tuned and measured alone on
+  the target (:meth:`SearchContext.measure`; an infeasible one gets the quick untuned figure);
+- seeded with the reference, each precision probe alone (int8, fp16, bf16: unpruned), and the
+  deepest pruning ratio within tolerance (a ladder's rungs, else the ratio grid; bisection,
+  at most :data:`~qaopt.seeding.WALK_BUILDS` builds).
+
+Then every layout (each merge group merged or apart) takes its units' winners, and each
+layout's whole frame is measured once through :meth:`SearchContext.measure` on every
+schedule the target allows, as the aware side's configurations are; the fastest frame is
+the agnostic configuration.
+
+Convergence (``Result.agnostic_converged``): ``best_ms_by_trial[t]`` is the fastest layout's
+sum of its units' best latencies (each measured alone) after the first ``t + 1`` trials of
+every unit, ``None`` while some unit has none within tolerance; ``trials`` is the trials
+spent in all. A curve that is flat well before its end says more trials would not have found
+a faster baseline. The final frame is measured as one, so it may differ from the curve's last
+sum by what running the units together costs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from math import inf
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import TrialState
+
+from qaopt.approx import Candidate, Knobs
+from qaopt.approx.passes.pruning import GRID, PruningConfig
+from qaopt.events import StageEvents
+from qaopt.kernels import schedules_for, threads_of
+from qaopt.measuring import frame_models
+from qaopt.result import Configuration, ConvergenceCurve, StudySummary
+from qaopt.search import (
+    ATTR_CONFIGURATION,
+    ATTR_ERRORS,
+    ATTR_FEASIBLE,
+    ATTR_INFEASIBLE,
+    OUTSIDE,
+    RegionSource,
+    SearchContext,
+    failures_recorded,
+    nonfinite,
+    open_study,
+    optimize_until,
+    summarize,
+)
+from qaopt.seeding import Unit, merged_units, walk
+
+MODE = "agnostic"
+AGNOSTIC_STUDY_PREFIX = f"{MODE}."
+"""A unit study's key in ``Result.studies`` (``agnostic.heading``) and the tail of its Optuna study name."""
+CONSTRAINT = "reference_error"
+OBJECTIVES = ("latency",)
+"""A unit study minimises the unit's own latency: memory is a frame's, judged once the units are combined."""
+
+def unit_label(unit: Unit) -> str:
+    """A unit's name in study names and results: ``heading``, or ``heading+distance`` for a merged group."""
+    return "+".join(unit.serves)
+
+
+def units_of(ctx: SearchContext) -> list[Unit]:
+    """Every unit a layout may use: each NN alone, then each merge group merged."""
+    nns, plan = list(ctx.nns), ctx.plan
+    return list(dict.fromkeys(u for merged in (False, True)
+                              for u in merged_units(nns, plan.merge_groups, ctx.merge_leads, merged)))
+
+
+def layouts(ctx: SearchContext) -> list[list[Unit]]:
+    """Each way of running the NNs: every merge group merged or apart, independently."""
+    groups = ctx.plan.merge_groups
+    out = []
+    for merged in itertools.product((False, True), repeat=len(groups)):
+        chosen = {g for g, m in zip(groups, merged, strict=True) if m}
+        grouped = {n for g in chosen for n in g.nns}
+        out.append([Unit(ctx.merge_leads[g], g) for g in chosen] + [Unit(n) for n in ctx.nns if n not in grouped])
+    return out
+
+
+@dataclass(frozen=True)
+class AgnosticSearch:
+    """The agnostic stage's artifact: each unit study's summary, the combined configuration and the convergence curve."""
+
+    studies: dict[str, StudySummary]
+    """``agnostic.<unit>`` -> its study's summary."""
+    chosen: Configuration | None
+    converged: ConvergenceCurve
+
+
+class UnitObjective:
+    """One trial of a unit's study: sample the unit's knobs, build, judge each served NN, then measure the unit alone."""
+
+    def __init__(self, ctx: SearchContext, unit: Unit):
+        self.ctx = ctx
+        self.unit = unit
+        self.incumbent_ms: float | None = None
+        self.trial: optuna.Trial | None = None
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        ctx, plan = self.ctx, self.ctx.plan
+        self.trial = trial
+        with failures_recorded(trial):
+            candidates = ctx.build_unit(self.unit, plan.knob_spaces[self.unit.nn].sample(trial, self.unit.nn,
+                                                                                         seed=plan.seed))
+            unusable = nonfinite(candidates)
+            violation = OUTSIDE if unusable else ctx.over_tolerance(candidates)
+            trial.set_constraint(CONSTRAINT, violation)
+            trial.set_user_attr(ATTR_ERRORS, {} if unusable else {n: c.error for n, c in candidates.items()})
+            trial.set_user_attr(ATTR_FEASIBLE, violation <= 0)
+            if unusable:
+                trial.set_user_attr(ATTR_INFEASIBLE, unusable)
+            if violation > 0:
+                return ctx.quick(candidates)[0]
+            frame = ctx.measure(candidates, "sequential", self.incumbent_ms)
+            self.incumbent_ms = min(frame.latency_ms, self.incumbent_ms if self.incumbent_ms is not None else inf)
+            config = Configuration(trial=trial.number, nns={n: m.choice for n, m in frame.nns.items()},
+                                   schedule="sequential", latency_ms=frame.latency_ms, memory_bytes=frame.memory_bytes,
+                                   errors={n: c.error for n, c in candidates.items()}, in_region=False,
+                                   latency=frame.latency)
+            trial.set_user_attr(ATTR_CONFIGURATION, config.model_dump(mode="json"))
+            return frame.latency_ms
+
+
+def seeds(ctx: SearchContext, unit: Unit) -> list[Knobs]:
+    """The knobs a unit's study tries first: the reference, each precision probe alone (unpruned), and the deepest
+    pruning ratio within tolerance."""
+    plan = ctx.plan
+    space = plan.knob_spaces[unit.nn]
+    reference = Knobs(seed=plan.seed)
+    probes = [Knobs.model_validate({**reference.model_dump(), **p}) for p in space.probes(alone=True)]
+    deepest = deepest_ratio(ctx, unit)
+    return [reference, *probes, *([deepest] if deepest is not None else [])]
+
+
+def deepest_ratio(ctx: SearchContext, unit: Unit) -> Knobs | None:
+    """The unit's knobs at the deepest pruning ratio its space reaches (a ladder's rungs, else the ratio grid) whose
+    candidate is within tolerance, by bisection; ``None`` when the space prunes nothing or no ratio tried is within."""
+    plan = ctx.plan
+    space = plan.knob_spaces[unit.nn]
+    pruning = space.configs.get("pruning")
+    if not isinstance(pruning, PruningConfig):
+        return None
+    lo, hi = pruning.ratios()
+    step = pruning.ladder.step if pruning.ladder is not None else GRID
+    ratios = [r for k in range(int(round((hi - lo) / step)) + 1) if (r := round(lo + k * step, 6)) > 0]
+
+    def within(ratio: float) -> bool:
+        candidates = ctx.build_unit(unit, space.base(prune_ratio=ratio, seed=plan.seed))
+        return not nonfinite(candidates) and ctx.over_tolerance(candidates) <= 0
+
+    deepest = walk([(-r, r) for r in ratios], within)  # the deepest ratio is the cheapest
+    return space.base(prune_ratio=deepest, seed=plan.seed) if deepest is not None else None
+
+
+def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: StageEvents, done: list[int]
+             ) -> optuna.Study:
+    """Create or resume the unit's study and run it to the aware study's budget (``done`` counts trials for progress)."""
+    plan = ctx.plan
+    study = open_study(plan.study_name(f"{AGNOSTIC_STUDY_PREFIX}{unit_label(unit)}"), storage, plan.seed, len(OBJECTIVES))
+    space = plan.knob_spaces[unit.nn]
+    if not study.get_trials(deepcopy=False):  # a new study (a resumed one has its seeds)
+        events.note(f"{MODE} {unit_label(unit)}: seeding with the reference, each precision alone and the deepest "
+                    "pruning ratio within tolerance")
+        for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in seeds(ctx, unit)):
+            study.enqueue_trial(dict(knobs), skip_if_exists=True)
+
+    def tick(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        done[0] += 1
+        events.progress(completed=done[0], description=f"{MODE} {unit_label(unit)}: trial {trial.number}")
+
+    optimize_until(study, lambda: UnitObjective(ctx, unit), plan.trials, tick)
+    return study
+
+
+def best_by_trial(study: optuna.Study) -> list[float]:
+    """The study's best latency within tolerance after each of its finished trials, in order (inf before the first)."""
+    best, out = inf, []
+    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)),
+                    key=lambda t: t.number):
+        if t.state == TrialState.COMPLETE and t.user_attrs.get(ATTR_FEASIBLE) and t.values:
+            best = min(best, t.values[0])
+        out.append(best)
+    return out
+
+
+def winner(study: optuna.Study) -> Configuration | None:
+    """The unit's fastest configuration within tolerance."""
+    measured = [Configuration.model_validate(t.user_attrs[ATTR_CONFIGURATION])
+                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.user_attrs.get(ATTR_FEASIBLE) and ATTR_CONFIGURATION in t.user_attrs]
+    return min(measured, key=lambda c: c.latency_ms, default=None)
+
+
+def convergence(ctx: SearchContext, curves: Mapping[Unit, Sequence[float]]) -> ConvergenceCurve:
+    """The combined best-so-far by round of unit trials (the module docstring)."""
+    rounds = max((len(c) for c in curves.values()), default=0)
+
+    def at(unit: Unit, t: int) -> float:
+        curve = curves[unit]
+        return curve[min(t, len(curve) - 1)] if curve else inf
+
+    best = [min(sum(at(u, t) for u in layout) for layout in layouts(ctx)) for t in range(rounds)]
+    return ConvergenceCurve(trials=sum(len(c) for c in curves.values()), units=[unit_label(u) for u in curves],
+                            best_ms_by_trial=[None if b == inf else round(b, 6) for b in best])
+
+
+def combine(ctx: SearchContext, winners: Mapping[Unit, Configuration | None], region: RegionSource
+            ) -> Configuration | None:
+    """Each layout's frame of its units' winners, measured whole on every schedule; the fastest, or ``None`` when no
+    layout has a winner for every unit."""
+    judged_by = region.current().region
+    best: Configuration | None = None
+    for layout in layouts(ctx):
+        if any(winners.get(u) is None for u in layout):
+            continue
+        candidates: dict[str, Candidate] = {}
+        for unit in layout:
+            candidates.update(ctx.build_unit(unit, Knobs.model_validate(winners[unit].nns[unit.nn].knobs)))
+        candidates = {n: candidates[n] for n in ctx.nns}
+        errors = ctx.errors_of(candidates)
+        for schedule in schedules_for(len(frame_models(candidates)), threads_of(ctx.target)):
+            frame = ctx.measure(candidates, schedule, best.latency_ms if best is not None else None)
+            if best is None or frame.latency_ms < best.latency_ms:
+                best = Configuration(trial=None, nns={n: m.choice for n, m in frame.nns.items()}, schedule=schedule,
+                                     latency_ms=frame.latency_ms, memory_bytes=frame.memory_bytes, errors=errors,
+                                     in_region=judged_by.contains(errors), latency=frame.latency)
+    return best
+
+
+def search_agnostic(ctx: SearchContext, storage: BaseStorage, region: RegionSource, events: StageEvents
+                    ) -> AgnosticSearch:
+    """Every unit's study to the aware budget, then the fastest combination (``region`` only says whether it is inside)."""
+    units = units_of(ctx)
+    done = [0]
+    events.progress(completed=0, total=len(units) * ctx.plan.trials)
+    studies = {unit: run_unit(ctx, unit, storage, events, done) for unit in units}
+    chosen = combine(ctx, {u: winner(s) for u, s in studies.items()}, region)
+    return AgnosticSearch(
+        studies={f"{AGNOSTIC_STUDY_PREFIX}{unit_label(u)}": summarize(s, OBJECTIVES) for u, s in studies.items()},
+        chosen=chosen,
+        converged=convergence(ctx, {u: best_by_trial(s) for u, s in studies.items()}),
+    )

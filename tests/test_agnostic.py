@@ -1,0 +1,109 @@
+"""The converged application-agnostic baseline (qaopt.agnostic) against exhaustive enumeration of a toy knob space.
+
+The tiny application's two NNs (and their merged NN) are pruned over a grid of 11 ratios, with no fine-tuning, on
+real candidates judged by the real tolerance rule; only latency is scripted (a candidate's cost is its MACs), so the
+optimum is decided by the errors, not by timing noise on 0.1 ms NNs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from qaopt.agnostic import AGNOSTIC_STUDY_PREFIX, layouts, search_agnostic, unit_label, units_of
+from qaopt.events import Events
+from qaopt.measuring import MeasuredConfiguration, MeasuredNN, frame_models
+from qaopt.plan import BoundApplication, build_plan
+from qaopt.profiles import get_profile
+from qaopt.result import Latency, NNChoice
+from qaopt.search import FixedRegion, SearchContext, open_storage
+from qaopt.spec import load_spec
+from qaopt.stages.region import calibrated_region
+from qaopt.tolerance import Tolerance
+
+APPS = Path(__file__).resolve().parent / "apps"
+RATIOS = [round(0.05 * k, 2) for k in range(11)]
+TRIALS = 8
+
+
+def cost(candidate) -> float:
+    """The scripted latency (ms) of one frame model: its MACs (ratios that keep the same channels cost the same)."""
+    return candidate.macs / 1e4
+
+
+class ScriptedLatency(SearchContext):
+    """The tiny app's real candidates, timed by :func:`cost` instead of on the CPU."""
+
+    def measure(self, candidates, schedule, incumbent_ms=None) -> MeasuredConfiguration:
+        models = frame_models(candidates)
+        served = {c.key: cost(c) for c in models.values()}
+        total = sum(served.values())
+        nns = {n: MeasuredNN(c, None, NNChoice(
+            knobs=c.knobs.model_dump(mode="json"), candidate=c.key, error=c.error, metric=c.metric, backend="scripted",
+            latency_ms=served[c.key], memory_bytes=0, macs=c.macs, params=c.params,
+            serves=list(c.serves) if len(c.serves) > 1 else [])) for n, c in candidates.items()}
+        return MeasuredConfiguration(nns, total, 0, Latency(ci_ms=(total, total), samples_ms=[[total]], trusted=True,
+                                                             epoch="scripted"))
+
+    def quick(self, candidates) -> tuple[float, int | None]:
+        return sum(cost(c) for c in frame_models(candidates).values()), 0
+
+
+def _context(tmp_path: Path, monkeypatch) -> ScriptedLatency:
+    monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
+    data = yaml.safe_load((APPS / "tiny.yaml").read_text())
+    data["approximations"] = {"all": {"pruning": {"ratio": [0.0, 0.5], "round_to": 4}, "quantization": {"dtypes": ["fp32"]}}}
+    data["search"]["trials"] = TRIALS
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(tmp_path / "tiny.yaml")
+    region = calibrated_region(BoundApplication(spec), 4, tmp_path / "run").region
+    plan = build_plan(spec, get_profile("quick"), trials=TRIALS, out=tmp_path / "run")
+    ctx = ScriptedLatency(plan, plan.application.target_nns(plan.cache_dir), region)
+    # The toy NNs pruned without fine-tuning err several times their references, by amounts their training decides:
+    # the bounds are set between the measured levels, so NN a may take its first level of pruning and NN b its last.
+    levels = {}
+    for nn in ctx.nns:
+        space = plan.knob_spaces[nn]
+        judged = [ctx.judgement(nn, ctx.build(nn, space.base(prune_ratio=r, seed=plan.seed))) for r in RATIOS[1:]]
+        levels[nn] = sorted({j.ucb / j.reference for j in judged if j.ucb > 0})
+    assert len(levels["a"]) > 1, f"the toy prunes to several error levels: {levels}"
+    tolerances = {"a": Tolerance("l1", levels["a"][0] * 1.01), "b": Tolerance("l1", levels["b"][-1] * 1.01)}
+    return ScriptedLatency(dataclasses.replace(plan, tolerances=tolerances), ctx.nns, region)
+
+
+def test_the_agnostic_search_reaches_the_optimum_exhaustive_enumeration_finds(tmp_path, monkeypatch):
+    ctx = _context(tmp_path, monkeypatch)
+    plan = ctx.plan
+    # Exhaustive: every unit at every ratio of its grid, judged by the tolerance rule; its fastest within tolerance.
+    optimum = {}
+    for unit in units_of(ctx):
+        space = plan.knob_spaces[unit.nn]
+        within = []
+        for ratio in RATIOS:
+            candidates = ctx.build_unit(unit, space.base(prune_ratio=ratio, seed=plan.seed))
+            if ctx.over_tolerance(candidates) <= 0:
+                within.append((sum(cost(c) for c in frame_models(candidates).values()), ratio))
+        optimum[unit] = min(within, default=None)
+    frames = [sum(optimum[u][0] for u in layout) for layout in layouts(ctx) if all(optimum[u] for u in layout)]
+    assert any(o is not None and o[1] > 0 for o in optimum.values()), f"the toy is not trivial: {optimum}"
+    assert len({o[0] for o in optimum.values() if o is not None}) > 1, f"each unit has its own optimum: {optimum}"
+
+    found = search_agnostic(ctx, open_storage(f"sqlite:///{tmp_path / 'study.db'}"), FixedRegion(ctx.space),
+                            Events().for_stage("agnostic search"))
+
+    assert set(found.studies) == {f"{AGNOSTIC_STUDY_PREFIX}{unit_label(u)}" for u in units_of(ctx)}
+    assert all(s.trials_complete == TRIALS for s in found.studies.values())
+    for unit in units_of(ctx):
+        feasible = found.studies[f"{AGNOSTIC_STUDY_PREFIX}{unit_label(unit)}"].feasible_configurations()
+        best = feasible[0].latency_ms if feasible else None
+        assert best == (optimum[unit][0] if optimum[unit] else None), unit_label(unit)
+    assert found.chosen is not None and found.chosen.latency_ms == min(frames)
+    assert found.converged.trials == TRIALS * len(units_of(ctx))
+    assert len(found.converged.best_ms_by_trial) == TRIALS and found.converged.best_ms_by_trial[-1] <= min(frames)
+
+    # Resumed: the studies hold their budget already, nothing runs again and the answer is the same.
+    again = search_agnostic(ctx, open_storage(f"sqlite:///{tmp_path / 'study.db'}"), FixedRegion(ctx.space),
+                            Events().for_stage("agnostic search"))
+    assert again.chosen == found.chosen and again.converged == found.converged

@@ -7,11 +7,17 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import nn
+
+from qaopt.app_spec.hashing import content_hash
 
 from .knobs import Knobs
 from .passes import OnnxToolchain
 from .quantize import predict_onnx, predict_torch
+
+BYTES_HASH_KIND = "approx.candidate.bytes"
+"""The first part of every :attr:`Candidate.bytes_hash`, so it never equals a hash of anything else."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,7 +33,8 @@ class Candidate:
     on its validation data, and ``residuals`` are the signed errors along each
     validation drive, in time order. MACs and parameters are counted on the pruned
     model: reported beside latency, never in its place. ``key`` is the content hash
-    the candidate is cached under.
+    the candidate is cached under: of what it is built from, so two builds of one key
+    (GPU fine-tuning is not bitwise reproducible) share it; :attr:`bytes_hash` tells them apart.
 
     A candidate carries its own input: ``input_shape`` (batch included) is what its module
     takes, which a knob may change (a lower input resolution), so measuring and exporting
@@ -81,6 +88,22 @@ class Candidate:
         if np.isinf(values).any():
             return "inf"
         return None
+
+    @cached_property
+    def bytes_hash(self) -> str:
+        """The content hash of what runs: the module's tensors (name, dtype, shape, bytes) and the ONNX graph's file.
+
+        A run records it with each measured configuration, so a later stage (or a run resumed on another
+        machine, with another cache) can tell whether it holds the NN the search measured or a rebuild of
+        its key. Tensors are hashed rather than the pickled file, whose bytes vary with torch's version.
+        """
+        parts: list[object] = [BYTES_HASH_KIND]
+        for name, tensor in self.module.state_dict().items():
+            t = tensor.detach().cpu().contiguous()
+            parts += [name, str(t.dtype), list(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes()]
+        if self.onnx_path is not None:
+            parts.append(Path(self.onnx_path).read_bytes())
+        return content_hash(*parts)
 
     @cached_property
     def _session(self):

@@ -67,6 +67,7 @@ def _measured(candidate: Candidate, measured: kernels.MeasuredModel) -> Measured
     choice = NNChoice(
         knobs=candidate.knobs.model_dump(mode="json"),
         candidate=candidate.key,
+        bytes_hash=candidate.bytes_hash,
         error=candidate.error,
         metric=candidate.metric,
         backend=measured.backend,

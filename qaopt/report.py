@@ -31,6 +31,7 @@ from qaopt.result import (  # noqa: E402
     StudySummary,
     TrialRecord,
     Validation,
+    format_errors,
 )
 
 MiB = 2**20
@@ -53,6 +54,12 @@ CHECKS_NOTE = ("The front's configurations nearest the region's boundary, run cl
 SEEDS_NOTE = ("Seeds: *selection* runs (the checks during the search and the front's validation) chose the "
               "configuration; the chosen one then ran again on *fresh* seeds that nothing before used, and that "
               "verdict accepts it. The application-agnostic configuration ran on the fresh seeds too.")
+
+REBUILT_NOTE = ("These configurations' NNs were rebuilt into other bytes than the search measured (the approximation "
+                "cache is not part of a run's state, and fine-tuning on a GPU is not bitwise reproducible: a run "
+                "resumed on another machine or with a fresh cache rebuilds them). Each was measured again on its "
+                "validation data and placed in the region again; the tables above use the rebuilt NNs' errors, and "
+                "one no longer inside the region was neither validated nor chosen.")
 
 
 def write_report(result: Result, run_dir: Path) -> Path:
@@ -79,6 +86,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
     if result.aware:
         lines.append(_row("application-aware (inside the error region)", result.aware, result.speedups.describe("aware")))
     lines += ["", "### Measurement", "", MEASUREMENT_NOTE, "", _epochs(result), ""]
+    if result.rebuilt:
+        lines += ["### Rebuilt NNs", "", REBUILT_NOTE, ""] + [f"- {r.line}" for r in result.rebuilt] + [""]
     lines += ["## Chosen NNs", ""]
     for title, config in (("application-aware", result.aware), ("application-agnostic", result.agnostic),
                           ("reference", result.reference)):
@@ -298,8 +307,10 @@ def _knobs_of_params(params: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any
 def _outcome(result: Result) -> str:
     s = result.speedups
     if result.aware is None:
+        rebuilt = ("; configurations whose rebuilt NNs left the region were not validated (Rebuilt NNs)"
+                   if any(r.study == "aware" and not r.feasible for r in result.rebuilt) else "")
         return ("No application-aware configuration passed closed-loop validation; the reference NNs remain "
-                "the deployable choice. See the validation table for what failed.")
+                f"the deployable choice. See the validation table for what failed{rebuilt}.")
     a = result.acceptance
     if result.aware_accepted:
         status = "accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop"
@@ -445,8 +456,3 @@ def _candidate_table(study: StudySummary) -> str:
                    else f"{t.objectives.get('latency', float('nan')):.2f} (quick, untuned)")
         rows.append(f"| {t.number} | {t.feasible} | {latency} | {format_errors(t.errors)} | {knobs} |")
     return "\n".join(rows)
-
-
-def format_errors(errors: dict[str, float]) -> str:
-    """An error vector as ``heading=1.48, distance=0.0354`` for messages and tables."""
-    return ", ".join(f"{k}={v:.4g}" for k, v in errors.items())

@@ -43,7 +43,10 @@ class NNChoice(_Model):
     """One NN of a configuration: its knobs, the error they cost, and how fast it ran."""
 
     knobs: dict[str, Any]
-    candidate: str = Field(description="the candidate's content hash (its cache key)")
+    candidate: str = Field(description="the candidate's content hash (its cache key: of what it is built from)")
+    bytes_hash: str | None = Field(None, description=(
+        "the content hash of the candidate's bytes as measured (its tensors and ONNX graph): a rebuild of the same "
+        "key that differs is re-checked against the region before it is used; None before it was recorded"))
     error: float = Field(description="NN error metric on validation data, in the output's unit")
     metric: str
     backend: str
@@ -75,6 +78,45 @@ class Configuration(_Model):
         """Whether both run the same candidates under the same schedule (a speedup between them can only be noise)."""
         return self.schedule == other.schedule and ({n: c.candidate for n, c in self.nns.items()}
                                                     == {n: c.candidate for n, c in other.nns.items()})
+
+
+class Rebuilt(_Model):
+    """A configuration whose NNs a later stage rebuilt into other bytes than the search measured, re-checked.
+
+    The approximation cache is not part of a run's state, and GPU fine-tuning is not bitwise
+    reproducible: a run resumed on another machine or with a fresh cache builds other NNs under the
+    same knobs. Their errors were measured again on the validation data and the configuration was
+    placed in the region again; from then on it carries these errors, and when it is no longer
+    feasible in its study (aware: outside the region) it is neither validated nor chosen.
+    """
+
+    study: Literal["aware", "agnostic"]
+    trial: int | None
+    hashes: dict[str, tuple[str, str]] = Field(description=(
+        "each rebuilt NN: (the bytes hash the search measured, the rebuilt candidate's)"))
+    nn_errors: dict[str, tuple[float, float]] = Field(description="each rebuilt NN's error: (searched, rebuilt)")
+    searched_errors: dict[str, float] = Field(description="the error vector the search placed in the region")
+    errors: dict[str, float] = Field(description="the error vector of the rebuilt NNs, the one used from then on")
+    probability: float = Field(description="the region's P(valid) at the rebuilt errors")
+    feasible: bool = Field(description="still feasible in its study (aware: inside the region)")
+
+    @property
+    def line(self) -> str:
+        """What the console and the report say about it, in one line."""
+        name = "the reference" if self.trial is None else f"{self.study} trial {self.trial}"
+        nns = "; ".join(f"nns.{n} rebuilt with other bytes than searched ({old} -> {new}), error "
+                        f"{self.nn_errors[n][0]:.4g} -> {self.nn_errors[n][1]:.4g}"
+                        for n, (old, new) in self.hashes.items())
+        verdict = ("still feasible: it goes on with the rebuilt NNs' errors" if self.feasible else
+                   f"no longer {'inside the region' if self.study == 'aware' else 'within its tolerance'}: not "
+                   "validated or chosen")
+        return (f"{name}: {nns}; re-checked at {format_errors(self.errors)} (searched at "
+                f"{format_errors(self.searched_errors)}), P(valid) {self.probability:.2f}, {verdict}")
+
+
+def format_errors(errors: dict[str, float]) -> str:
+    """An error vector as ``heading=1.48, distance=0.0354`` for messages and tables."""
+    return ", ".join(f"{k}={v:.4g}" for k, v in errors.items())
 
 
 class RunMetric(_Model):
@@ -350,6 +392,9 @@ class Result(_Model):
         "the chosen aware configuration run again on fresh seeds that no check or validation of the run used: "
         "the verdict that accepts it (None before runs recorded one)"))
     fidelity: Fidelity = Field(description="the region's agreement with closed-loop truth in this run")
+    rebuilt: list[Rebuilt] = Field(default_factory=list, description=(
+        "configurations whose NNs were rebuilt into other bytes than the search measured, each re-checked against "
+        "the region (empty when every NN used was the one searched)"))
     studies: dict[str, StudySummary]
     tuning: dict[str, Any] = Field(default_factory=dict)
     left_out: list[str] = Field(default_factory=list, description=(

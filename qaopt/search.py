@@ -49,7 +49,7 @@ from qaopt.plan import MergePlan, RunPlan
 from qaopt.seeding import Unit, informed_trial
 from qaopt.stress import StressSet, cached_errors, stressed_coordinate
 from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
-from qaopt.result import AgnosticRule, Configuration, NNTolerance, StudySummary, TrialRecord, Validation
+from qaopt.result import AgnosticRule, Configuration, NNTolerance, Rebuilt, StudySummary, TrialRecord, Validation
 
 Mode = Literal["aware", "agnostic"]
 MODES: tuple[Mode, ...] = ("aware", "agnostic")
@@ -162,6 +162,7 @@ class SearchContext:
     _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False, compare=False)
     _strata: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict, repr=False, compare=False)
     _judged: dict[tuple[str, str], Judgement] = field(default_factory=dict, repr=False, compare=False)
+    _rebuilt: dict[tuple, Rebuilt] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def target(self) -> kernels.Target:
@@ -210,8 +211,63 @@ class SearchContext:
         return self.build_merged(unit.group, knobs) if unit.group is not None else {unit.nn: self.build(unit.nn, knobs)}
 
     def candidates(self, config: Configuration) -> dict[str, Candidate]:
-        """The candidates of a configuration as a result stores it (merged NNs rebuilt as merged)."""
+        """The candidates of a configuration as a result stores it (merged NNs rebuilt as merged).
+
+        They must be the bytes the configuration records: one whose NNs may have been rebuilt since the
+        search measured them goes through :meth:`rechecked` first, and a mismatch here is an error, never
+        a silent substitution of NNs whose errors nobody checked.
+        """
+        candidates = self._built(config)
+        changed = _rebuilt_nns(config, candidates)
+        if changed:
+            raise OptimizeError("; ".join(
+                f"nns.{n}: candidate {candidates[n].key} now has the bytes {candidates[n].bytes_hash}, not the "
+                f"{config.nns[n].bytes_hash} its configuration (trial {config.trial}) was checked with: it was rebuilt "
+                "during this run (its cache entry removed or damaged?); run `qaopt optimize` again, which re-checks "
+                "the rebuilt NN against the region" for n in changed))
+        return candidates
+
+    def _built(self, config: Configuration) -> dict[str, Candidate]:
         return {n: self.build(n, c.knobs, c.serves) for n, c in config.nns.items()}
+
+    def rechecked(self, config: Configuration, mode: Mode, region: ErrorRegion,
+                  note: Callable[[str], None] = lambda line: None) -> Configuration | None:
+        """``config`` as its NNs are now: itself when every NN has the bytes the search measured (or recorded none),
+        else with the rebuilt NNs' errors, re-placed in ``region``; ``None`` when that leaves it infeasible in
+        its ``mode``'s study (aware: outside the region), so it is neither validated nor chosen.
+
+        The approximation cache is not part of a run's state and GPU fine-tuning is not bitwise reproducible:
+        a run resumed on another machine, or with a fresh cache, rebuilds other bytes under the same knobs. A
+        rebuilt NN was measured on its validation data by its build; :meth:`errors_of` places it again, and
+        :meth:`violation` judges it as its study judged the trial. ``note`` gets the one line that says so (once
+        per configuration and verdict); :attr:`rebuilds` keeps each for the result.
+        """
+        candidates = self._built(config)
+        changed = _rebuilt_nns(config, candidates)
+        if not changed:
+            return config
+        errors = self.errors_of(candidates)
+        feasible = self.violation(mode, errors, candidates, region) <= 0
+        rebuilt = Rebuilt(
+            study=mode, trial=config.trial,
+            hashes={n: (config.nns[n].bytes_hash, candidates[n].bytes_hash) for n in changed},
+            nn_errors={n: (config.nns[n].error, candidates[n].error) for n in changed},
+            searched_errors=config.errors, errors=errors, probability=region.probability(errors), feasible=feasible)
+        key = (mode, config.trial, _nns_key(candidates))
+        known = self._rebuilt.get(key)
+        if known is None or known.feasible != feasible:
+            note(rebuilt.line)
+        self._rebuilt[key] = rebuilt
+        if not feasible:
+            return None
+        nns = {n: c.model_copy(update={"bytes_hash": candidates[n].bytes_hash, "error": candidates[n].error})
+               for n, c in config.nns.items()}
+        return config.model_copy(update={"nns": nns, "errors": errors, "in_region": region.contains(errors)})
+
+    @property
+    def rebuilds(self) -> list[Rebuilt]:
+        """Every configuration :meth:`rechecked` found rebuilt in this run, as last judged."""
+        return list(self._rebuilt.values())
 
     @cached_property
     def reference(self) -> dict[str, Candidate]:
@@ -422,6 +478,12 @@ class Objective:
 def _nns_key(candidates: Mapping[str, Candidate]) -> tuple[tuple[str, str], ...]:
     """What identifies a configuration's NNs in the measurement cache: each NN's candidate key."""
     return tuple(sorted((n, c.key) for n, c in candidates.items()))
+
+
+def _rebuilt_nns(config: Configuration, candidates: Mapping[str, Candidate]) -> list[str]:
+    """The NNs of ``config`` whose candidates now have other bytes than it records (none recorded: taken as they are)."""
+    recorded = {n: config.nns[n].bytes_hash for n in candidates}
+    return [n for n, c in candidates.items() if recorded[n] is not None and recorded[n] != c.bytes_hash]
 
 
 def nonfinite(candidates: Mapping[str, Candidate]) -> str:

@@ -132,8 +132,9 @@ def test_load_artifacts_rebuilds_each_validated_nn(tiny_run, tmp_path):
     nns = {}
     for name, choice in result.reference.nns.items():
         knobs = {**choice.knobs, "prune_ratio": 0.5, "finetune_steps": 10}
-        module = ctx.build(name, knobs).module
-        nns[name] = choice.model_copy(update={"knobs": knobs, "params": sum(p.numel() for p in module.parameters())})
+        candidate = ctx.build(name, knobs)
+        nns[name] = choice.model_copy(update={"knobs": knobs, "bytes_hash": candidate.bytes_hash,
+                                              "params": sum(p.numel() for p in candidate.module.parameters())})
     chosen = result.reference.model_copy(update={"nns": nns})
     export_configuration(ctx, chosen, run / ARTIFACTS)
     Result.load(run / "result.json").model_copy(update={"aware": chosen}).save(run / "result.json")
@@ -177,7 +178,8 @@ def test_exported_merged_and_resized_nns_reload_with_the_same_outputs(tiny_run, 
     knobs = Knobs(input_scale=0.5, input_align=4, finetune_steps=10)
     views = ctx.build_merged(plan.merge_groups[0], knobs)
     nns = {n: c.model_copy(update={"knobs": knobs.model_dump(mode="json"), "candidate": views[n].key,
-                                   "serves": ["a", "b"]}) for n, c in result.reference.nns.items()}
+                                   "bytes_hash": views[n].bytes_hash, "serves": ["a", "b"]})
+           for n, c in result.reference.nns.items()}
     chosen = result.reference.model_copy(update={"nns": nns})
     assert ctx.candidates(chosen)["b"].columns == (1,), "a stored configuration rebuilds its merged NN"
     export_configuration(ctx, chosen, run / ARTIFACTS)
@@ -380,8 +382,8 @@ def _validation_ctx(spec_path: Path, cache_dir: Path, monkeypatch, fake_validati
     from qaopt.spec import load_spec
 
     class Unbuilt(SearchContext):
-        def build(self, name, knobs, serves=()):
-            return SimpleNamespace(predict=None)
+        def _built(self, config):  # the bytes the configuration records: no rebuild to re-check
+            return {n: SimpleNamespace(predict=None, bytes_hash=c.bytes_hash) for n, c in config.nns.items()}
 
     monkeypatch.setattr(validation_stage, "validate_closed_loop", fake_validation)
     plan = dataclasses.replace(build_plan(load_spec(spec_path), "quick"), cache_dir=cache_dir)

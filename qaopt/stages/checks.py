@@ -103,7 +103,13 @@ class ClosedLoopChecks:
         summary, checked = self.absorb(study)
         region, candidates = self._region.region, front(summary)
         unchecked = [c for c in candidates if c.trial not in checked and region.contains(c.errors)]
-        chosen = sorted(unchecked, key=lambda c: region.probability(c.errors))[:self._allowed(len(checked))]
+        chosen: list[Configuration] = []
+        for searched in sorted(unchecked, key=lambda c: region.probability(c.errors)):
+            if len(chosen) >= self._allowed(len(checked)):
+                break
+            config = self.ctx.rechecked(searched, "aware", region, self.events.note)  # NNs rebuilt since: re-placed
+            if config is not None:
+                chosen.append(config)
         if not chosen:
             return []
         runs = self.ctx.plan.closed_loop.runs

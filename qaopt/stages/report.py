@@ -61,6 +61,7 @@ class ReportStage(BaseStage):
             acceptance=validated.acceptance,
             fidelity=Fidelity.of(plan.application.error_model, validated.front.validations,
                                  studies["aware"].closed_loop_checks),
+            rebuilt=reference.ctx.rebuilds,
             studies=studies,
             tuning={"trials_per_candidate": target.tuning.trials, "seconds_per_candidate": target.tuning.seconds},
             left_out=[str(value) for value in plan.left_out],

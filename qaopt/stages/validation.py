@@ -71,6 +71,8 @@ def validate_front(
 ) -> FrontValidation:
     """Validate the fastest configurations of the aware front; the first accepted one wins.
 
+    Each configuration is re-checked first (:meth:`SearchContext.rechecked`): NNs rebuilt into other bytes than
+    the search measured are validated with their own errors, or skipped when those leave the region.
     When none is accepted at the spec's confidence (a quick profile runs too few runs
     to prove it), the fastest one with no failing run is chosen, unaccepted. When none
     is even that, the ``reference`` configuration is validated too, so the report can
@@ -78,14 +80,16 @@ def validate_front(
     ``executor`` and ``events`` are :func:`validate_configuration`'s.
     """
     run = dict(executor=executor, events=events)
+    note = events.note if events is not None else lambda line: None
     region = calibrated.searched(evidence)
     validations: list[Validation] = []
     chosen = fallback = None
-    for config in front:
+    for searched in front:
         if len(validations) >= ctx.plan.validate_top:
             break
-        if not region.contains(config.errors):
-            continue  # ruled out by closed-loop evidence
+        config = ctx.rechecked(searched, "aware", region, note)
+        if config is None or not region.contains(config.errors):
+            continue  # rebuilt into NNs outside the region, or ruled out by closed-loop evidence
         validation = validate_configuration(ctx, config, **run)
         validations.append(validation)
         grown = with_validation(evidence, calibrated.application, config, validation)
@@ -225,7 +229,10 @@ class ValidationStage(BaseStage):
             front = replace(front, evidence=grown)
         if front.evidence is not evidence:
             front.evidence.save(run.plan.run_dir)
-        agnostic = inputs["agnostic search"].chosen
+        # The agnostic choice, re-checked against its tolerance where its NNs were rebuilt.
+        searched = inputs["agnostic search"].chosen
+        agnostic = None if searched is None else reference.ctx.rechecked(searched, "agnostic",
+                                                                          aware.checks.current().region, events.note)
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
         # (free when it is the aware choice's NNs, already run on these seeds).
         agnostic_validation = (validate_configuration(reference.ctx, agnostic, seed_base=ACCEPTANCE_SEED_BASE, **options)

@@ -1,6 +1,6 @@
 """Fidelity (issue #13), part 2: does each error model's region predict the real NNs' closed-loop verdicts?
 
-    .venv/bin/python benchmarks/fidelity.py --closed-loop DIR [DIR ...] [--budget 20]
+    .venv/bin/python benchmarks/fidelity.py --closed-loop DIR [DIR ...] --set NAME [--budget 20]
                                             [--models gaussian,ar1,empirical,shaped] [--out docs/benchmarks/fidelity.json]
 
 ``DIR`` holds what ``benchmarks/fidelity_closed_loop.py`` wrote on the machine that ran the real
@@ -19,7 +19,9 @@ region says valid when it certifies the point. ``ar1@dataset`` is the product be
 data: the ar1 region with each configuration placed at its dataset-drive L1. Compared with the
 closed-loop verdicts (the spec's acceptance test on 48 runs of 100 m): agreement on the decided
 configurations, false-valid count (region valid, closed loop invalid), and the calibration's cost.
-Writes ``--out`` and prints a markdown table.
+Where the variants carry stress-stratum errors (the spec's ``calibration.error_data.stress``), the ar1
+region is also scored with the product's stressed coordinates on either base (``ar1+stress``,
+``ar1@dataset+stress``). Writes ``sets.<--set>`` of ``--out`` (other sets kept) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -36,30 +38,48 @@ REPO = Path(__file__).resolve().parents[1]
 NNS = ("heading", "distance")
 LOG_LINE = re.compile(r"\] (?P<name>[\w-]+): on-policy L1 (?P<on>[\d.e-]+), dataset L1 (?P<ds>[\d.e-]+)")
 DATASET_COORDINATES = "@dataset"
+STRESSED = "+stress"
+BASES = ("on_policy", "dataset")
+REFERENCE = {"heading": "h-ref", "distance": "d-ref"}
 
 
 def read_closed_loop(folder: Path) -> tuple[dict, list[dict]]:
-    """(variant -> {on_policy, dataset} L1, closed-loop records) of one device run folder."""
+    """(variant -> {on_policy, dataset} L1 and stratum errors, closed-loop records) of one device run folder."""
     if (folder / "variants.json").exists():
-        variants = {n: {"on_policy": v["on_policy_error"], "dataset": v["dataset_error"]}
+        variants = {n: {"on_policy": v["on_policy_error"], "dataset": v["dataset_error"], "strata": v.get("strata", {})}
                     for n, v in json.loads((folder / "variants.json").read_text()).items()}
     else:  # a run cut off before variants.json existed: its log has the same figures
-        variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"])}
+        variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"]), "strata": {}}
                     for m in LOG_LINE.finditer((folder / "fidelity_log.txt").read_text())}
     texts = [p.read_text() for p in sorted((folder / "closed_loop").glob("*.json"))] if (folder / "closed_loop").is_dir() \
         else [t for p in sorted(folder.glob("*.jsonl")) for t in p.read_text().replace("}{", "}\n{").splitlines()]
     return variants, [json.loads(t) for t in texts if t.strip()]
 
 
-def merged(folders: list[Path]) -> list[dict]:
-    """Every configuration once (a later folder's record replaces an earlier one's), with its points."""
-    configs = {}
+def merged(folders: list[Path]) -> tuple[list[dict], dict]:
+    """Every configuration once (a later folder's record replaces an earlier one's), with its points, and the
+    reference NNs' point in each base coordinate (from the last folder that built them).
+
+    Where the variants carry stress-stratum errors, each base coordinate gains a stressed one
+    (``on_policy+stress``, ``dataset+stress``): the product's rule (:func:`qaopt.stress.stressed_coordinate`)
+    against the reference variant (``h-ref``, ``d-ref``) built in the same folder.
+    """
+    from qaopt.stress import stressed_coordinate
+
+    configs, reference = {}, {}
     for folder in folders:
         variants, records = read_closed_loop(folder)
+        if all(REFERENCE[nn] in variants for nn in NNS):
+            reference = {kind: {nn: variants[REFERENCE[nn]][kind] for nn in NNS} for kind in BASES}
         for rec in records:
-            points = {kind: {nn: variants[rec[nn]][kind] for nn in NNS} for kind in ("on_policy", "dataset")}
+            points = {kind: {nn: variants[rec[nn]][kind] for nn in NNS} for kind in BASES}
+            if all(variants[rec[nn]]["strata"] for nn in NNS):
+                for kind in BASES:
+                    points[kind + STRESSED] = {nn: stressed_coordinate(
+                        "l1", variants[rec[nn]][kind], variants[REFERENCE[nn]][kind], variants[rec[nn]]["strata"],
+                        variants[REFERENCE[nn]]["strata"]) for nn in NNS}
             configs[rec["id"]] = {**rec, "points": points, "source": folder.name}
-    return [configs[i] for i in sorted(configs)]
+    return [configs[i] for i in sorted(configs)], reference
 
 
 def calibrate(spec, model: str, budget: int) -> tuple[object, dict]:
@@ -108,27 +128,33 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=None, help="calibration evaluations (default: the spec's)")
     ap.add_argument("--models", default="gaussian,ar1,empirical,shaped")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity.json")
+    ap.add_argument("--set", required=True,
+                    help="the name this set of configurations is kept under in --out (sets.<name>)")
     args = ap.parse_args()
 
     from qaopt.spec import load_spec
 
     spec = load_spec(args.spec)
     budget = args.budget or spec.calibration.budget
-    configs = merged(args.closed_loop)
+    configs, reference = merged(args.closed_loop)
     models, regions = {}, {}
     for model in args.models.split(","):
         region, cost = calibrate(spec, model, budget)
         regions[model] = region
-        reference = next(c for c in configs if c["heading"].endswith("ref") and c["distance"].endswith("ref"))
         models[model] = {**score(region, configs, "on_policy"), **cost, "closed_loop_runs": 0,
-                         "reach": reach(region, reference["points"]["on_policy"])}
+                         "reach": reach(region, reference["on_policy"])}
         print(f"{model}: {models[model]['agreement']} agreement, {models[model]['false_valid']} false-valid, "
               f"{cost['simulator_runs']} simulator runs, {cost['seconds']} s", flush=True)
-    if "ar1" in regions:  # the product before on-policy error data: the same region, dataset-drive coordinates
-        models["ar1" + DATASET_COORDINATES] = {**score(regions["ar1"], configs, "dataset"),
-                                               **{k: models["ar1"][k] for k in ("simulator_runs", "evaluations",
-                                                                                "seconds", "closed_loop_runs")},
-                                               "reach": reach(regions["ar1"], reference["points"]["dataset"])}
+    if "ar1" in regions:  # the same region in other coordinates: dataset drives (the shipped example's), stress strata
+        stressed = all(STRESSED in "".join(c["points"]) for c in configs)
+        for name, coordinates in (("ar1" + DATASET_COORDINATES, "dataset"), ("ar1" + STRESSED, "on_policy" + STRESSED),
+                                  ("ar1" + DATASET_COORDINATES + STRESSED, "dataset" + STRESSED)):
+            if coordinates.endswith(STRESSED) and not stressed:
+                continue
+            models[name] = {**score(regions["ar1"], configs, coordinates),
+                            **{k: models["ar1"][k] for k in ("simulator_runs", "evaluations", "seconds",
+                                                             "closed_loop_runs")},
+                            "reach": reach(regions["ar1"], reference[coordinates.removesuffix(STRESSED)])}
     best = max(models, key=lambda m: ((models[m]["agreement"] or 0.0), -models[m]["false_valid"],
                                       -models[m]["simulator_runs"]))
     out = {
@@ -144,8 +170,12 @@ def main() -> None:
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%d"),
     }
+    # One file, one entry per set of configurations (each scored on its own); other sets' entries are kept.
+    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    sets = previous.get("sets", {})
+    sets[args.set] = out
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    args.out.write_text(json.dumps({"sets": dict(sorted(sets.items()))}, indent=1) + "\n")
 
     print(f"\n{len(configs)} configurations, {out['closed_loop']['runs']} closed-loop runs of "
           f"{spec.evaluator.simulator.params.get('run_length_m', '?')} m; calibration budget {budget}\n")

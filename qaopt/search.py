@@ -390,9 +390,10 @@ class Objective:
     kernel tuning of a later candidate stops where it cannot beat it.
     """
 
-    def __init__(self, ctx: SearchContext, mode: Mode, region: RegionSource, events: StageEvents):
+    mode: Mode = "aware"
+
+    def __init__(self, ctx: SearchContext, region: RegionSource, events: StageEvents):
         self.ctx = ctx
-        self.mode = mode
         self.region = region
         self.events = events
         self.incumbent_ms: float | None = None
@@ -411,7 +412,7 @@ class Objective:
             judged_by = self.region.current()
             errors = ctx.errors_of(candidates)
             violation = ctx.violation(self.mode, errors, candidates, judged_by.region)
-            trial.set_constraint("region" if self.mode == "aware" else "reference_error", violation)
+            trial.set_constraint("region", violation)
             trial.set_user_attr(ATTR_ERRORS, errors)
             trial.set_user_attr(ATTR_FEASIBLE, violation <= 0)
             trial.set_user_attr(ATTR_REGION_VERSION, judged_by.version)
@@ -432,7 +433,7 @@ class Objective:
                 latency_ms=frame.latency_ms,
                 memory_bytes=frame.memory_bytes,
                 errors=errors,
-                in_region=True if self.mode == "aware" else judged_by.region.contains(errors),
+                in_region=True,
                 latency=frame.latency,
             )
             trial.set_user_attr(ATTR_CONFIGURATION, config.model_dump(mode="json"))
@@ -445,7 +446,7 @@ class Objective:
     def _unusable(self, trial: optuna.Trial, candidates: Mapping[str, Candidate], reason: str) -> list[float]:
         """An infeasible trial that names why: an NN with NaN or inf outputs has no errors to place in the region."""
         self._say(trial, "infeasible", reason)
-        trial.set_constraint("region" if self.mode == "aware" else "reference_error", OUTSIDE)
+        trial.set_constraint("region", OUTSIDE)
         trial.set_user_attr(ATTR_ERRORS, {})
         trial.set_user_attr(ATTR_FEASIBLE, False)
         trial.set_user_attr(ATTR_INFEASIBLE, reason)
@@ -494,13 +495,13 @@ def nonfinite(candidates: Mapping[str, Candidate]) -> str:
 
 def run_study(
     ctx: SearchContext,
-    mode: Mode,
     storage: BaseStorage,
     region: RegionSource,
     events: StageEvents,
     on_done: Callable[[optuna.Study, FrozenTrial], None] = lambda study, trial: None,
 ) -> optuna.Study:
-    """Create or resume the study of ``mode`` and run it until it holds the plan's number of finished trials.
+    """Create or resume the application-aware study and run it until it holds the plan's number of finished trials
+    (the agnostic baseline is a study per NN or merge group: :mod:`qaopt.agnostic`).
 
     Several workers (processes, machines) may run this on one storage at once: the
     trial count is shared, so together they run ``plan.trials``. Each trial is judged by
@@ -509,8 +510,8 @@ def run_study(
     correct the region there). ``events`` gets each trial's phases.
     """
     plan = ctx.plan
-    study = open_study(plan.study_name(mode), storage, plan.seed, len(plan.objectives))
-    # The reference configuration (nothing approximated) is always the first trial of both studies.
+    study = open_study(plan.study_name("aware"), storage, plan.seed, len(plan.objectives))
+    # The reference configuration (nothing approximated) is always the first trial.
     reference_knobs = ctx.reference_knobs
     spaces = {nn: plan.knob_spaces[nn] for nn in reference_knobs}
     params: dict[str, Any] = {}
@@ -522,7 +523,7 @@ def run_study(
     # Then the cheapest combination of probes found inside the study's bounds (qaopt.seeding), so that a
     # short study does not have to come upon it by sampling.
     if len(study.get_trials(deepcopy=False)) <= 1:  # a new study (a resumed one has its informed trial)
-        informed = informed_trial(ctx, mode, region.current().region, events.note)
+        informed = informed_trial(ctx, region.current().region, events.note)
         if informed is not None:
             study.enqueue_trial(informed, skip_if_exists=True)
     # Then each precision alone, no other knob: what accuracy-preserving compression tries first.
@@ -533,7 +534,7 @@ def run_study(
         if changed:
             study.enqueue_trial({**params, **changed}, skip_if_exists=True)
 
-    optimize_until(study, lambda: Objective(ctx, mode, region, events), plan.trials, on_done)
+    optimize_until(study, lambda: Objective(ctx, region, events), plan.trials, on_done)
     return study
 
 

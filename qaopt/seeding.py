@@ -13,10 +13,9 @@ fastest dtype, merged. So each study starts from an informed trial:
    latency times each of its knobs' measured factors (a unit is an NN alone or a
    merged group). The estimate only orders the walk; trials measure the real figure.
 3. **Walking.** Combinations, sorted by estimate, are built with the run's full
-   fine-tuning budget and bisected for the cheapest one inside the bounds: the region
-   (application-aware; the whole configuration is judged) or each NN's tolerance
-   (application-agnostic; the constraint is per NN, so each unit walks on its own). At
-   most :data:`WALK_BUILDS` builds per walk; every candidate built here is cached and
+   fine-tuning budget and bisected for the cheapest one inside the region (the whole
+   configuration is judged; the agnostic baseline seeds its per-unit studies itself,
+   :mod:`qaopt.agnostic`). At most :data:`WALK_BUILDS` builds per walk; every candidate built here is cached and
    reused by the trials.
 
 The informed configuration is enqueued right after the reference; a probe the
@@ -147,10 +146,9 @@ def knobs_of(base: Knobs, combination: Sequence[Probe]) -> Knobs:
 # ---------------------------------------------------------------- a study's informed trial
 
 
-def informed_trial(ctx: SearchContext, mode: str, region: ErrorRegion, note: Callable[[str], None]
-                   ) -> dict[str, Any] | None:
+def informed_trial(ctx: SearchContext, region: ErrorRegion, note: Callable[[str], None]) -> dict[str, Any] | None:
     """The trial parameters of the cheapest configuration of reference, probes and merges found inside the
-    study's bounds (``None``: no probe in the space, or nothing inside within the walk's budget)."""
+    region (``None``: no probe in the space, or nothing inside within the walk's budget)."""
     plan = ctx.plan
     nns = list(ctx.nns)
     layouts = [False, True] if plan.merge_groups else [False]
@@ -166,7 +164,7 @@ def informed_trial(ctx: SearchContext, mode: str, region: ErrorRegion, note: Cal
     def latency(unit: Unit, probe: Probe) -> float:
         return ctx.quick(ctx.build_unit(unit, knobs_of(base[unit], [probe] if probe else [])))[0]
 
-    note(f"{mode}: timing {sum(len(p) for u, p in probes.items() if u.group is None)} probes on the reference NNs "
+    note(f"aware: timing {sum(len(p) for u, p in probes.items() if u.group is None)} probes on the reference NNs "
          "(untuned, no fine-tuning) to choose the first trial")
     screening = screen(units, probes, latency)
 
@@ -176,26 +174,19 @@ def informed_trial(ctx: SearchContext, mode: str, region: ErrorRegion, note: Cal
             candidates.update(ctx.build_unit(unit, knobs_of(full[unit], combo)))
         if any(c.nonfinite_outputs for c in candidates.values()):
             return False
-        # The agnostic bound is each NN's own error; only the region needs the whole configuration's point.
-        errors = ctx.errors_of(candidates) if mode == "aware" else {}
-        return ctx.violation(mode, errors, candidates, region) <= 0
+        return ctx.violation("aware", ctx.errors_of(candidates), candidates, region) <= 0
 
     found: list[tuple[float, dict[Unit, tuple[Probe, ...]]]] = []
     for merged in layouts:
         layout = merged_units(nns, plan.merge_groups, ctx.merge_leads, merged)
         options = {u: [(screening.estimate(u, c), c) for c in combinations(probes[u])] for u in layout}
-        if mode == "agnostic":  # each NN's tolerance is its own: every unit walks alone
-            chosen = {u: walk(options[u], lambda c, u=u: feasible({u: c})) for u in layout}
-            if all(c is not None for c in chosen.values()):
-                found.append((sum(screening.estimate(u, c) for u, c in chosen.items()), chosen))
-            continue
         joint = [(sum(e for e, _ in parts), {u: c for u, (_, c) in zip(layout, parts, strict=True)})
                  for parts in itertools.product(*options.values())]
         chosen = walk(joint, feasible)
         if chosen is not None:
             found.append((sum(screening.estimate(u, c) for u, c in chosen.items()), chosen))
     if not found:
-        note(f"{mode}: no combination of probes inside the study's bounds within {WALK_BUILDS} builds; "
+        note(f"aware: no combination of probes inside the study's bounds within {WALK_BUILDS} builds; "
              "the search starts from the reference")
         return None
     estimate, best = min(found, key=lambda f: f[0])
@@ -208,6 +199,6 @@ def informed_trial(ctx: SearchContext, mode: str, region: ErrorRegion, note: Cal
             params[unit.group.param] = True
         described.append(f"{'+'.join(unit.serves) if unit.group else unit.nn}: "
                          f"{', '.join(f'{k} {v}' for p in combo for k, v in p.items()) or 'as the reference'}")
-    note(f"{mode}: informed first trial {'; '.join(described)} (estimated {estimate:.2f} ms untuned, "
+    note(f"aware: informed first trial {'; '.join(described)} (estimated {estimate:.2f} ms untuned, "
          f"reference {sum(screening.reference_ms[u] for u in merged_units(nns, (), {}, False)):.2f} ms)")
     return params

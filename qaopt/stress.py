@@ -36,12 +36,13 @@ from qaopt.app_spec import AppSpec, store
 from qaopt.app_spec.errors import QaoptError
 from qaopt.app_spec.hashing import content_hash
 from qaopt.app_spec.nn_errors import is_class_metric
+from qaopt.app_spec.schema import StressStratum
 from qaopt.calibrate import Recorder, Recording
 from qaopt.calibrate.app_calls import ApplicationFault, call_application
 from qaopt.spec_adapter import limits_of, make_evaluator, simulator_key
 
 STRESS_SEED_BASE = 8_000_000
-"""Stress drives' seeds: disjoint from on-policy drives (7,000,000 + drive < 100,000), validation's and
+"""Stress drives' seeds: disjoint from on-policy drives (7,000,000 + drive < 100,000), acceptance's (10,000,000 on), validation's and
 calibration's; each stratum takes its own block of :data:`STRATUM_SEED_STRIDE`."""
 STRATUM_SEED_STRIDE = 100_000
 RECORDING_VERSION = 1
@@ -99,17 +100,30 @@ def record_stress(spec: AppSpec, models: Mapping[str, Any], fingerprints: Mappin
     """
     from qaopt.approx.quantize import predict_torch  # heavy (torch): only when strata are recorded
 
-    strata = spec.calibration.error_data.stress
-    if not strata:
+    if not spec.calibration.error_data.stress:
         return None
-    sim = spec.evaluator.simulator
-    if sim is None:
-        raise QaoptError(f"{spec.source}: {_FIELD} needs evaluator.simulator to record drives in; remove the strata "
-                         "or add the simulator")
     steering = {n: partial(predict_torch, m) for n, m in models.items()}
     recorded: dict[str, Mapping[str, Recording]] = {}
     keys = []
-    for i, stratum in enumerate(strata):
+    for i, (stratum, stressed, evaluator) in enumerate(stratum_simulators(spec)):
+        where = f"{spec.source}: {_FIELD}.{i} ({stratum.name})"
+        seeds = stratum_seeds(i, stratum.drives)
+        key = content_hash(RECORDING_VERSION, simulator_key(stressed, evaluator), dict(sorted(fingerprints.items())),
+                           seeds, stratum.steps)
+        recorded[stratum.name] = _recording(spec, evaluator, steering, seeds, stratum.steps, key, cache_dir, where)
+        keys.append(key)
+    return StressSet(content_hash(keys), recorded)
+
+
+def stratum_simulators(spec: AppSpec) -> list[tuple[StressStratum, AppSpec, Recorder]]:
+    """Each stress stratum with its spec and its simulator, constructed (which checks its params; what
+    ``qaopt validate`` runs too); an error names the stratum and the fix."""
+    sim = spec.evaluator.simulator
+    if spec.calibration.error_data.stress and sim is None:
+        raise QaoptError(f"{spec.source}: {_FIELD} needs evaluator.simulator to record drives in; remove the strata "
+                         "or add the simulator")
+    out = []
+    for i, stratum in enumerate(spec.calibration.error_data.stress):
         where = f"{spec.source}: {_FIELD}.{i} ({stratum.name})"
         stressed = _with_params(spec, merged_params(sim.params, stratum.params))
         try:
@@ -119,12 +133,8 @@ def record_stress(spec: AppSpec, models: Mapping[str, Any], fingerprints: Mappin
         if not isinstance(evaluator, Recorder):
             raise QaoptError(f"{where}: the simulator {type(evaluator).__name__} cannot record drives (it has no "
                              "record_perception method; see docs/extending.md); remove the strata")
-        seeds = stratum_seeds(i, stratum.drives)
-        key = content_hash(RECORDING_VERSION, simulator_key(stressed, evaluator), dict(sorted(fingerprints.items())),
-                           seeds, stratum.steps)
-        recorded[stratum.name] = _recording(spec, evaluator, steering, seeds, stratum.steps, key, cache_dir, where)
-        keys.append(key)
-    return StressSet(content_hash(keys), recorded)
+        out.append((stratum, stressed, evaluator))
+    return out
 
 
 def _with_params(spec: AppSpec, params: dict[str, Any]) -> AppSpec:

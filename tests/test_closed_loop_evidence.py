@@ -33,7 +33,10 @@ import qaopt.stages.validation as validation_stage
 from qaopt import optimize
 from qaopt.app_spec import SpecError, content_hash
 from qaopt.events import Events, Note, Trial
+from qaopt.agnostic import OBJECTIVES as agnostic_objectives
+from qaopt.agnostic import run_unit
 from qaopt.plan import BoundApplication, build_plan
+from qaopt.seeding import Unit
 from qaopt.profiles import get_profile
 from qaopt.report import write_report
 from qaopt.result import Configuration, Fidelity, NNChoice, Result, Validation
@@ -381,9 +384,10 @@ def test_a_candidate_that_outputs_nan_makes_its_trial_infeasible(tmp_path, monke
     said: list[str] = []
     events = Events()
     events.subscribe(lambda e: said.append(f"{e.phase}: {e.detail}") if isinstance(e, Trial) else None)
-    for mode in ("aware", "agnostic"):
-        study = run_study(ctx, mode, storage, FixedRegion(calibrated), events.for_stage(f"{mode} search"))
-        summary = summarize(study, spec.search.objectives)
+    aware = run_study(ctx, storage, FixedRegion(calibrated), events.for_stage("aware search"))
+    agnostic = run_unit(ctx, Unit("a"), storage, events.for_stage("agnostic search"), [0])
+    for study, objectives in ((aware, spec.search.objectives), (agnostic, agnostic_objectives)):
+        summary = summarize(study, objectives)
         assert summary.trials_complete == 3 and summary.trials_failed == 0, "the study goes on"
         unusable = [t for t in summary.trials if t.infeasible]
         assert unusable and all(not t.feasible and t.errors == {} and t.configuration is None for t in unusable)

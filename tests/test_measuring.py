@@ -14,7 +14,7 @@ from qaopt.approx import Knobs
 
 def _candidate(nn: str, key: str, shape: tuple[int, ...], serves: tuple[str, ...] = ()) -> SimpleNamespace:
     return SimpleNamespace(nn=nn, key=key, knobs=Knobs(), module=f"module-{key}", onnx_path=None,
-                           runnable_on=("torch",), error=0.1, metric="l1", macs=1, params=1,
+                           runnable_on=("torch",), error=0.1, metric="l1", macs=1, params=1, bytes_hash=f"bytes-{key}",
                            serves=serves or (nn,), example=lambda: np.zeros(shape, np.float32))
 
 

@@ -57,6 +57,11 @@ def validate(
             checked = f"; simulator {type(evaluator).__name__} keeps the application protocol"
             for note in older_signatures(evaluator):
                 typer.echo(f"note: {note}")
+        from qaopt.stress import stratum_simulators
+
+        strata = [stratum.name for stratum, _, _ in stratum_simulators(app_spec)]
+        if strata:
+            checked += f"; stress strata {', '.join(strata)} make recording simulators"
     if imports and shapes:
         from qaopt.spec_adapter import check_nn_shapes  # torch: only when asked to
 

@@ -46,7 +46,7 @@ class AwareStudyStage(BaseStage):
         calibrated: CalibratedRegion = inputs["calibration"]
         events = run.emitter(self.name)
         checks = ClosedLoopChecks(reference.ctx, calibrated, events, executor=run.executor)
-        study = run_study(reference.ctx, "aware", run.storage, checks, events, on_done=checks)
+        study = run_study(reference.ctx, run.storage, checks, events, on_done=checks)
         checks.absorb(study)  # the checks other workers sharing the study ran, or a run before a kill
         return AwareSearch(summarize(study, run.plan.objectives), checks)
 

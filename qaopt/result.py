@@ -147,11 +147,16 @@ class Validation(_Model):
     seed_base: int | None = Field(None, description=(
         "the first seed of its runs (seed_base, seed_base + 1, ...): the selection seeds of the checks and the "
         "front's validation, or the fresh acceptance seeds; None before it was recorded"))
+    label: str | None = Field(None, description=(
+        "what the configuration is when no trial of the aware study is (the application-agnostic baseline, "
+        "combined from its per-NN studies); None: the trial, or the reference"))
 
     @property
     def name(self) -> str:
-        """How reports and notes name the configuration: ``trial 12``, or ``the reference``."""
-        return "the reference" if self.trial is None else f"trial {self.trial}"
+        """How reports and notes name the configuration: ``trial 12``, the label, or ``the reference``."""
+        if self.trial is not None:
+            return f"trial {self.trial}"
+        return self.label or "the reference"
 
 
 FIDELITY_GUIDE = "docs/calibration.md, error models"

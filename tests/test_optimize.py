@@ -211,6 +211,9 @@ def test_the_chosen_configuration_is_accepted_on_seeds_that_did_not_choose_it(ti
     report = (spec_path.parent / "runs" / "report.md").read_text()
     assert f"| {acceptance.trial} | fresh ({ACCEPTANCE_SEED_BASE}+) | {acceptance.runs} |" in report
     assert f"| {result.validations[0].trial} | selection ({VALIDATION_SEED_BASE}+) |" in report
+    # The agnostic baseline is combined from per-NN studies, so no trial names it: its label does.
+    assert result.agnostic_validation.name == "application-agnostic"
+    assert f"| application-agnostic | fresh ({ACCEPTANCE_SEED_BASE}+) |" in report
 
 
 def test_validation_table_shows_means_worst_runs_and_counts(tiny_run):

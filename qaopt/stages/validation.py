@@ -124,9 +124,14 @@ def with_validation(evidence: ClosedLoopEvidence, application: str, config: Conf
         note=f"{validation.name}: the approximated NNs in the loop"))
 
 
+AGNOSTIC_LABEL = "application-agnostic"
+"""How the agnostic baseline's validation is named: it is combined from per-NN studies, so no trial names it."""
+
+
 def validate_configuration(
     ctx: SearchContext, config: Configuration, *, runs: int | None = None, executor: Executor | None = None,
     events: StageEvents | None = None, label: str = "", show_runs: bool = True, seed_base: int = VALIDATION_SEED_BASE,
+    configuration: str | None = None,
 ) -> Validation:
     """The closed-loop validation of one configuration, read from the cache when these NNs already ran on these seeds.
 
@@ -134,7 +139,7 @@ def validate_configuration(
     ``seed_base`` on (selection by default; :data:`~qaopt.closed_loop.ACCEPTANCE_SEED_BASE` to accept);
     ``executor`` runs its blocks of runs (``None``: in this process); ``events`` gets a
     :class:`~qaopt.events.RunBlock` after each block (when ``show_runs``) and one line with the
-    outcome, after ``label``.
+    outcome, after ``label``. ``configuration`` names a configuration that is no trial (the agnostic baseline).
     """
     plan = ctx.plan
     app = plan.application
@@ -142,14 +147,14 @@ def validate_configuration(
     key = content_hash("validation", _candidates(config), runs, app.evaluation_key, seed_base)
     path = ctx.cache_dir / "optimize" / "validation" / f"{key}.json"
     labels = {"trial": config.trial, "region_predicted_valid": config.in_region}
-    name = "reference" if config.trial is None else f"trial {config.trial}"
+    name = configuration or ("reference" if config.trial is None else f"trial {config.trial}")
     if seed_base != VALIDATION_SEED_BASE:
         name += ", fresh seeds"
     cached = store.read_model(path, Validation, VALIDATION_VERSION) or _read_version_1(path)
     if cached is not None:  # the same NNs validated by an earlier run or study: only the labels are this run's
         if events:
             events.note(f"{label}{name}: {cached.verdict} after {cached.runs} runs, {cached.failures} failed (cached)")
-        return cached.model_copy(update=labels)
+        return cached.model_copy(update={**labels, "label": configuration})
     candidates = ctx.candidates(config)
 
     def show(step: BlockProgress) -> None:
@@ -169,6 +174,7 @@ def validate_configuration(
         threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, limits=app.limits,
         seed_base=seed_base, **parallel, **labels,
     )
+    validation = validation.model_copy(update={"label": configuration})
     store.write_model(path, validation, VALIDATION_VERSION)
     if events:
         events.note(f"{label}{name}: {validation.verdict} after {validation.runs} runs, {validation.failures} failed")
@@ -235,6 +241,6 @@ class ValidationStage(BaseStage):
                                                                           aware.checks.current().region, events.note)
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
         # (free when it is the aware choice's NNs, already run on these seeds).
-        agnostic_validation = (validate_configuration(reference.ctx, agnostic, seed_base=ACCEPTANCE_SEED_BASE, **options)
-                               if agnostic else None)
+        agnostic_validation = (validate_configuration(reference.ctx, agnostic, seed_base=ACCEPTANCE_SEED_BASE,
+                                                      configuration=AGNOSTIC_LABEL, **options) if agnostic else None)
         return Validated(front, acceptance, agnostic, agnostic_validation)

@@ -62,6 +62,20 @@ REBUILT_NOTE = ("These configurations' NNs were rebuilt into other bytes than th
                 "one no longer inside the region was neither validated nor chosen.")
 
 
+STRESS_NOTE = (
+    "Coordinates include the spec's stress strata (docs/calibration.md, \"Stress strata\"): on each NN's metric axis a "
+    "configuration sits at the larger of its NN's error and the reference's error times the NN's worst ratio to the "
+    "reference on a stratum (rates: plus the difference in rate points), so the errors in the tables below may exceed "
+    "the chosen NNs' own. The reference NNs err on the strata:")
+
+
+def _strata_table(strata: dict[str, dict[str, float]]) -> str:
+    names = list(dict.fromkeys(s for errors in strata.values() for s in errors))
+    rows = ["| NN | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    rows += [f"| {nn} | " + " | ".join(f"{errors[s]:.4g}" for s in names) + " |" for nn, errors in strata.items()]
+    return "\n".join(rows)
+
+
 def write_report(result: Result, run_dir: Path) -> Path:
     """Write ``report.md`` and ``pareto.png`` into ``run_dir`` from ``result`` alone; ``region.png`` comes from the region stage.
 
@@ -99,6 +113,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
               f"Region from `{result.region.name}`; the reference NNs sit at {format_errors(result.reference.errors)}.", ""]
     if result.region_note:
         lines += [f"Region: {result.region_note}.", ""]
+    if result.stress_strata:
+        lines += [STRESS_NOTE, "", _strata_table(result.stress_strata), ""]
     finals = [*result.validations, *(v for v in (result.acceptance, result.agnostic_validation) if v is not None)]
     lines += ["## Closed-loop validation", "", SEEDS_NOTE, "", _validation_table(finals), ""]
     if finals:

@@ -407,6 +407,9 @@ class Result(_Model):
         "each with why and the fix"))
     region: Path
     region_note: str = Field("", description="how the region was obtained: reused, calibrated, or what it replaced")
+    stress_strata: dict[str, dict[str, float]] = Field(default_factory=dict, description=(
+        "the spec's stress strata (calibration.error_data.stress): each reference NN's error metric on each "
+        "stratum, the figures a candidate's stratum errors are compared with; empty without strata"))
     report: Path
     artifacts: dict[str, dict[str, Path]] = Field(default_factory=dict)
     seconds: dict[str, float] = Field(default_factory=dict, description="wall time of each stage")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +94,21 @@ def test_merged_params_and_the_coordinate_rule():
     assert stressed_coordinate("l1", 1.2, 1.0, {"gaps": 6.0, "turns": 1.0}, {"gaps": 2.0, "turns": 1.0}) == 3.0
     # a rate adds rate points (a near-perfect reference would make any ratio explode)
     assert stressed_coordinate("miss_rate", 0.001, 0.001, {"night": 0.021}, {"night": 0.001}) == pytest.approx(0.021)
+
+
+@pytest.mark.timeout(300)
+def test_optimize_places_configurations_with_the_strata_and_the_report_says_so(tmp_path, monkeypatch):
+    """End to end on the rare-state app: the reference's stratum errors reach result.json and the report explains
+    why a configuration's coordinates may exceed its NNs' own errors."""
+    from rich.console import Console
+
+    from qaopt import optimize
+
+    monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
+    spec = _spec(tmp_path)
+    result = optimize(spec.source, profile="quick", trials=2, console=Console(file=io.StringIO()))
+    assert set(result.stress_strata) == {"v"} and set(result.stress_strata["v"]) == {"glare"}
+    # the reference-shaped NN reads the glare-blind half: it errs under glare as it does elsewhere
+    assert result.stress_strata["v"]["glare"] == pytest.approx(result.reference.nns["v"].error, rel=0.5)
+    report = (spec.source.parent / "runs" / "report.md").read_text()
+    assert "Coordinates include the spec's stress strata" in report and "| v | " in report

@@ -67,6 +67,8 @@ class ReportStage(BaseStage):
             left_out=[str(value) for value in plan.left_out],
             region=calibrated.choice.path,
             region_note=calibrated.choice.note,
+            stress_strata={n: reference.ctx.stratum_errors(c) for n, c in reference.ctx.reference.items()}
+            if reference.ctx.stress is not None else {},
             report=plan.run_dir / REPORT_FILE,
             artifacts=(export_configuration(reference.ctx, aware, plan.run_dir / ARTIFACTS)
                        if aware is not None else {}),

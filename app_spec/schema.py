@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -121,6 +121,18 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     # allow_inf_nan=False: every float field is finite; a field that needs inf or NaN says so itself.
+    LEFT_OUT_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
+    """Fields added after specs were written: left out of the dump while at their default, so the content hashes
+    of those specs (and the caches keyed by them) hold."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in self.LEFT_OUT_AT_DEFAULT:
+                if getattr(self, name) == type(self).model_fields[name].get_default(call_default_factory=True):
+                    data.pop(name, None)
+        return data
 
 
 # ---------------------------------------------------------------- app, evaluator
@@ -408,6 +420,7 @@ class NNSpec(Section):
     input: Name | None = Field(None, description=(
         "the input stream the NN reads (a camera, a lidar): NNs that name the same input read the same frame, "
         "and may share one backbone (search.merge)"))
+    LEFT_OUT_AT_DEFAULT = ("agnostic_tolerance",)
     agnostic_tolerance: float | None = Field(None, ge=0.0, le=MAX_RELATIVE_TOLERANCE, description=(
         "how much worse than the reference this NN may err in the application-agnostic baseline, judged on the upper "
         "95 % confidence bound of the excess error (qaopt.tolerance, docs/knobs.md): for l1 / rmse / mse / max_abs "
@@ -425,14 +438,6 @@ class NNSpec(Section):
                              "(0.005 is half a point), and a bound of 1 or more accepts any detector; give a rate "
                              "below 1, e.g. 0.005")
         return self
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        # No tolerance given: left out, so the content hashes (and caches) of specs written before it existed hold.
-        data = handler(self)
-        if self.agnostic_tolerance is None and isinstance(data, dict):
-            data.pop("agnostic_tolerance", None)
-        return data
 
 
 # ---------------------------------------------------------------- calibration
@@ -486,6 +491,7 @@ class ErrorDataSpec(Section):
         "on-policy drives (one seed each)"))
     steps: Count(100_000, "steps", "a drive that long would not fit in memory") = Field(100, ge=2, description=(
         "perception steps per on-policy drive"))
+    LEFT_OUT_AT_DEFAULT = ("stress",)
     stress: list[StressStratum] = Field(default_factory=list, max_length=16, description=(
         "stress strata: drives in the states where the application fails (gaps, curves, off-centre starts), "
         "recorded with the reference NNs steering; a candidate's coordinate on an NN's metric axis is its error, "
@@ -499,14 +505,6 @@ class ErrorDataSpec(Section):
         if dup:
             raise ValueError(f"stress stratum {dup[0]!r} is listed twice; give each stratum its own name")
         return self
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        # No strata (the default) leaves the field out, so specs written before strata existed keep their hashes.
-        data = handler(self)
-        if not self.stress and isinstance(data, dict):
-            data.pop("stress", None)
-        return data
 
 
 class CalibrationSpec(Section):

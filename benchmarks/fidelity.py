@@ -146,7 +146,7 @@ def main() -> None:
         print(f"{model}: {models[model]['agreement']} agreement, {models[model]['false_valid']} false-valid, "
               f"{cost['simulator_runs']} simulator runs, {cost['seconds']} s", flush=True)
     if "ar1" in regions:  # the same region in other coordinates: dataset drives (the shipped example's), stress strata
-        stressed = all(STRESSED in "".join(c["points"]) for c in configs)
+        stressed = all("on_policy" + STRESSED in c["points"] for c in configs)
         for name, coordinates in (("ar1" + DATASET_COORDINATES, "dataset"), ("ar1" + STRESSED, "on_policy" + STRESSED),
                                   ("ar1" + DATASET_COORDINATES + STRESSED, "dataset" + STRESSED)):
             if coordinates.endswith(STRESSED) and not stressed:

@@ -124,23 +124,29 @@ def record(spec: AppSpec, evaluator: Recorder, nns: Mapping[str, Any], simulator
     """
     plan = spec.calibration.error_data
     key = content_hash(RECORDING_VERSION, simulator, dict(sorted(fingerprints.items())), drive_seeds(spec), plan.steps)
-    path = cache_dir / "on_policy" / f"{key}.pkl"
+    return recorded(spec, evaluator, nns, drive_seeds(spec), plan.steps, cache_dir / "on_policy" / f"{key}.pkl",
+                    "on-policy drives with the reference NNs"), key
+
+
+def recorded(spec: AppSpec, evaluator: Recorder, nns: Mapping[str, Any], seeds: Sequence[int], steps: int,
+             path: Path, what: str) -> dict[str, Recording]:
+    """Drives of ``steps`` steps on ``seeds``, ``nns`` steering: read from ``path``, or recorded, checked and kept
+    there (on-policy drives and stress strata alike). ``what`` names the drives in an application fault."""
     if path.exists():
         try:
             with open(path, "rb") as f:
-                return pickle.load(f), key
+                return pickle.load(f)
         except Exception as exc:  # noqa: BLE001 - a damaged pickle raises anything from EOFError to KeyError
             store.set_aside(path, f"it does not load: {type(exc).__name__}")
-    outcome = call_application(evaluator, "record_perception", nns, drive_seeds(spec), limits_of(spec),
-                               extra=(plan.steps,))
+    outcome = call_application(evaluator, "record_perception", nns, seeds, limits_of(spec), extra=(steps,))
     if outcome.failure is not None:
-        raise ApplicationFault.raised(outcome.failure, "on-policy drives with the reference NNs")
+        raise ApplicationFault.raised(outcome.failure, what)
     recordings = dict(outcome.result)
     _check(spec, recordings, nns)
     path.parent.mkdir(parents=True, exist_ok=True)
     with store.atomic_path(path) as tmp, open(tmp, "wb") as f:
         pickle.dump(recordings, f, protocol=pickle.HIGHEST_PROTOCOL)  # shared inputs are stored once
-    return recordings, key
+    return recordings
 
 
 def _check(spec: AppSpec, recordings: Mapping[str, Recording], nns: Sequence[str]) -> None:

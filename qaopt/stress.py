@@ -23,8 +23,7 @@ would, which is what the region has calibrated. Bias and sigma axes keep their c
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,15 +37,13 @@ from qaopt.app_spec.hashing import content_hash
 from qaopt.app_spec.nn_errors import is_class_metric
 from qaopt.app_spec.schema import StressStratum
 from qaopt.calibrate import Recorder, Recording
-from qaopt.calibrate.app_calls import ApplicationFault, call_application
-from qaopt.spec_adapter import limits_of, make_evaluator, simulator_key
+from qaopt.on_policy import RECORDING_VERSION, recorded
+from qaopt.spec_adapter import make_evaluator, simulator_key
 
 STRESS_SEED_BASE = 8_000_000
 """Stress drives' seeds: disjoint from on-policy drives (7,000,000 + drive < 100,000), acceptance's (10,000,000 on), validation's and
 calibration's; each stratum takes its own block of :data:`STRATUM_SEED_STRIDE`."""
 STRATUM_SEED_STRIDE = 100_000
-RECORDING_VERSION = 1
-"""Bump when what a stress recording holds changes, so that stale recordings are made again."""
 ERRORS_KIND, ERRORS_VERSION = "stress.errors", 1
 PREDICT_CHUNK = 64
 """Frames per prediction call: a stratum of camera frames never materialises whole."""
@@ -103,16 +100,18 @@ def record_stress(spec: AppSpec, models: Mapping[str, Any], fingerprints: Mappin
     if not spec.calibration.error_data.stress:
         return None
     steering = {n: partial(predict_torch, m) for n, m in models.items()}
-    recorded: dict[str, Mapping[str, Recording]] = {}
+    strata: dict[str, Mapping[str, Recording]] = {}
     keys = []
     for i, (stratum, stressed, evaluator) in enumerate(stratum_simulators(spec)):
         where = f"{spec.source}: {_FIELD}.{i} ({stratum.name})"
         seeds = stratum_seeds(i, stratum.drives)
         key = content_hash(RECORDING_VERSION, simulator_key(stressed, evaluator), dict(sorted(fingerprints.items())),
                            seeds, stratum.steps)
-        recorded[stratum.name] = _recording(spec, evaluator, steering, seeds, stratum.steps, key, cache_dir, where)
+        nns = {n: p for n, p in steering.items() if n in evaluator.nn_names}
+        strata[stratum.name] = recorded(spec, evaluator, nns, seeds, stratum.steps, cache_dir / "stress" / f"{key}.pkl",
+                                        f"stress drives ({where})")
         keys.append(key)
-    return StressSet(content_hash(keys), recorded)
+    return StressSet(content_hash(keys), strata)
 
 
 def stratum_simulators(spec: AppSpec) -> list[tuple[StressStratum, AppSpec, Recorder]]:
@@ -140,29 +139,6 @@ def stratum_simulators(spec: AppSpec) -> list[tuple[StressStratum, AppSpec, Reco
 def _with_params(spec: AppSpec, params: dict[str, Any]) -> AppSpec:
     sim = spec.evaluator.simulator.model_copy(update={"params": params})
     return spec.model_copy(update={"evaluator": spec.evaluator.model_copy(update={"simulator": sim})})
-
-
-def _recording(spec: AppSpec, evaluator: Recorder, steering: Mapping[str, Predict], seeds: Sequence[int], steps: int,
-               key: str, cache_dir: Path, where: str) -> Mapping[str, Recording]:
-    path = cache_dir / "stress" / f"{key}.pkl"
-    if path.exists():
-        try:
-            with open(path, "rb") as f:
-                return pickle.load(f)
-        except Exception as exc:  # noqa: BLE001 - a damaged pickle raises anything from EOFError to KeyError
-            store.set_aside(path, f"it does not load: {type(exc).__name__}")
-    nns = {n: p for n, p in steering.items() if n in evaluator.nn_names}
-    outcome = call_application(evaluator, "record_perception", nns, seeds, limits_of(spec), extra=(steps,))
-    if outcome.failure is not None:
-        raise ApplicationFault.raised(outcome.failure, f"stress drives ({where})")
-    recordings = dict(outcome.result)
-    missing = [n for n in spec.nns if n in evaluator.nn_names and not isinstance(recordings.get(n), Recording)]
-    if missing:
-        raise QaoptError(f"{where}: the simulator's record_perception returned no Recording for NN {missing[0]!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with store.atomic_path(path) as tmp, open(tmp, "wb") as f:
-        pickle.dump(recordings, f, protocol=pickle.HIGHEST_PROTOCOL)
-    return recordings
 
 
 def cached_errors(stress: StressSet, cache_dir: Path, nn: str, candidate_key: str, compute: Callable[[], dict[str, float]]

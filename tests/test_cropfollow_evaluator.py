@@ -62,6 +62,19 @@ def test_deterministic_and_missing_nn_is_perfect(evaluator):
     assert perfect == evaluator.evaluate({}, [3, 4])
 
 
+def test_a_disturbance_makes_perfect_perception_wander_and_stays_out_of_cache_keys_while_off():
+    """A disturbance is what a stress stratum steers by; off, it leaves runs and cache keys as they were."""
+    plain = CropFollowEvaluator()
+    off = CropFollowEvaluator(disturbance={"heading_deg": 0.0, "distance_ratio": 0.0})
+    on = CropFollowEvaluator(disturbance={"heading_deg": 12.0, "distance_ratio": 0.12})
+    assert off.evaluate({}, SEEDS[:6]) == plain.evaluate({}, SEEDS[:6])
+    assert off.config.to_dict() == plain.config.to_dict() and "disturbance" not in plain.config.to_dict()
+    assert on.config.to_dict()["disturbance"]["heading_deg"] == 12.0
+    disturbed = on.evaluate({}, SEEDS[:6])
+    assert disturbed == on.evaluate({}, SEEDS[:6])
+    assert sum(r["collisions"] > 0 for r in disturbed) >= 4
+
+
 def test_episode_does_not_depend_on_its_batch():
     """With perfect perception an episode is a function of its seed alone (process noise included)."""
     ev = CropFollowEvaluator(robot={"turn_noise_std_radps": 0.6, "speed_slip_std": 0.2}, run_length_m=30.0)
@@ -112,6 +125,9 @@ def test_bad_injector_output_and_names(evaluator):
         ({"robot": {"body_width_m": 0.8}}, "robot.body_width_m"),
         ({"field": {"row_width": 1.0}}, "field.row_width"),
         ({"speed": 1.0}, "speed"),
+        ({"disturbance": {"heading_deg": -1.0}}, "disturbance.heading_deg"),
+        ({"disturbance": {"correlation": 1.0}}, "disturbance.correlation"),
+        ({"disturbance": {"heading": 12.0}}, "disturbance.heading"),
     ],
 )
 def test_bad_parameters_name_the_parameter(params, name):

@@ -276,6 +276,34 @@ class EstimatorParams:
 
 
 @dataclass(frozen=True)
+class DisturbanceParams:
+    """A disturbance on what the controller reads: AR(1) errors added to the NNs' estimates.
+
+    Off by default. A stress stratum (``calibration.error_data.stress``) sets it so that drives
+    steered by the reference NNs wander as a disturbed robot does (a gust, a wheel in a rut, an
+    upstream fault), keeping the heading and offset large for seconds at a time; the NNs are
+    measured on the frames of those drives. Steady large headings are where an NN that
+    attenuates its output errs most, and short off-centre starts do not hold them.
+    """
+
+    heading_deg: float = 0.0
+    """Stationary spread (standard deviation) of the error on the heading estimate, degrees."""
+    distance_ratio: float = 0.0
+    """Stationary spread of the error on the distance estimate (its ratio)."""
+    correlation: float = 0.9
+    """Correlation of each error from one perception step to the next (0.9 at 10 Hz: about a second)."""
+
+    def __post_init__(self) -> None:
+        _require(self.heading_deg >= 0, "disturbance.heading_deg", f"{self.heading_deg} must be >= 0 (e.g. 12.0)")
+        _require(self.distance_ratio >= 0, "disturbance.distance_ratio", f"{self.distance_ratio} must be >= 0 (e.g. 0.12)")
+        _require(0 <= self.correlation < 1, "disturbance.correlation", f"{self.correlation} must be in [0, 1) (e.g. 0.9)")
+
+    @property
+    def active(self) -> bool:
+        return self.heading_deg > 0 or self.distance_ratio > 0
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """Everything that determines a CropFollow run, apart from the seed and the NNs."""
 
@@ -292,6 +320,7 @@ class SimConfig:
     robot: RobotParams = dataclasses.field(default_factory=RobotParams)
     camera: CameraParams = dataclasses.field(default_factory=CameraParams)
     control: ControllerParams = dataclasses.field(default_factory=ControllerParams)
+    disturbance: DisturbanceParams = dataclasses.field(default_factory=DisturbanceParams)
 
     def __post_init__(self) -> None:
         _require(self.run_length_m > 0, "run_length_m", f"{self.run_length_m} must be > 0 (e.g. 100.0)")
@@ -317,15 +346,22 @@ class SimConfig:
         return int(math.ceil(nominal * self.max_time_factor))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able form (the cache key of everything computed from this config)."""
-        return dataclasses.asdict(self)
+        """Plain JSON-able form (the cache key of everything computed from this config).
+
+        ``disturbance`` is left out while it is off: it came after datasets and recordings were
+        cached under keys made of this form, and an undisturbed config is what they were made with.
+        """
+        out = dataclasses.asdict(self)
+        if not self.disturbance.active:
+            del out["disturbance"]
+        return out
 
     @classmethod
     def from_params(cls, **params: Any) -> SimConfig:
         """Build from the spec's flat-or-nested ``params``.
 
-        Top-level keys are this class's fields; ``field``, ``robot``, ``camera`` take
-        mappings of their fields; ``controller`` is ``"mpc"`` or ``"stanley"`` and
+        Top-level keys are this class's fields; ``field``, ``robot``, ``camera``, ``disturbance``
+        take mappings of their fields; ``controller`` is ``"mpc"`` or ``"stanley"`` and
         ``controller_params`` a mapping of :class:`ControllerParams` fields.
         """
         def controller(params: dict[str, Any]) -> dict[str, Any]:
@@ -334,7 +370,7 @@ class SimConfig:
                 control["kind"] = params.pop("controller")
             return {"control": RULES.build(ControllerParams, control, "controller_params")}
 
-        nested = {"field": FieldParams, "robot": RobotParams, "camera": CameraParams}
+        nested = {"field": FieldParams, "robot": RobotParams, "camera": CameraParams, "disturbance": DisturbanceParams}
         return RULES.build_config(cls, params, nested, controller, ("controller", "controller_params"))
 
 

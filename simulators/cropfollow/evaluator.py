@@ -107,8 +107,27 @@ class Batch:
         return out
 
 
+DISTURBANCE_SALT = 0xD157
+"""Mixed with the seed list into the disturbance's random generator."""
 RAW_PERCEPTION = EstimatorParams()
 """No state estimator: the controller steers from the NNs' raw estimates."""
+
+
+def _disturbance(config: SimConfig, seeds: Sequence[int]) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """``(heading, distance) -> (heading, distance)`` as the controller reads them: with ``config.disturbance``'s
+    AR(1) errors added (one stream per seed list, as the injectors'), or unchanged when it is off."""
+    d = config.disturbance
+    if not d.active:
+        return lambda heading, distance: (heading, distance)
+    rng = np.random.default_rng(np.random.SeedSequence([DISTURBANCE_SALT, *seeds]))
+    spread = np.array([[d.heading_deg], [d.distance_ratio]]) * np.sqrt(1 - d.correlation**2)
+    error = np.zeros((2, len(seeds)))
+
+    def disturbed(heading: np.ndarray, distance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        error[:] = d.correlation * error + spread * rng.standard_normal(error.shape)
+        return heading + error[0], distance + error[1]
+
+    return disturbed
 
 
 def run_batch(config: SimConfig, seeds: Sequence[int], estimate: Estimate, max_steps: int | None = None,
@@ -123,8 +142,9 @@ def run_batch(config: SimConfig, seeds: Sequence[int], estimate: Estimate, max_s
     if estimator.kind == "ekf":
         filt = state_estimation.build_filter(estimator, config)
         batch.ekf = state_estimation.start(batch.keys, filt)
+    disturb = _disturbance(config, seeds)
     for step in range(config.max_steps if max_steps is None else max_steps):
-        heading, distance = estimate(step, batch)
+        heading, distance = disturb(*estimate(step, batch))
         if batch.ekf is None:
             active = dyn.closed_loop_step(heading, distance, batch.state, batch.curvature, batch.keys, step, phys, ctrl, batch.truth)
         else:

@@ -35,6 +35,8 @@ Four steps, the first three run on the GPU machine:
     python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune]
     python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json
     python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json
+
+A step left out of ``assemble`` keeps its section of the existing ``gpu.json``.
 """
 
 from __future__ import annotations
@@ -135,8 +137,12 @@ def install(pip_log: Path, pip_status: int, junit: Path, out: Path) -> dict:
             outcome["passed"].append(name)
     import torch
 
-    record = {"python": ".".join(platform.python_version_tuple()[:2]), "torch": torch.__version__,
-              "command": command, "plain_pip": pip_status == 0 and "--no-deps" not in command
+    from qaopt.kernels.target import host_cpu_info
+
+    record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+              "host_cpu": host_cpu_info().model, "python": ".".join(platform.python_version_tuple()[:2]),
+              "torch": torch.__version__, "command": command, "plain_pip": pip_status == 0 and "--no-deps" not in command
               and "--ignore-requires-python" not in command,
               "tests_passed": len(outcome["passed"]), "tests_failed": len(outcome["failed"]),
               "tests_skipped": len(outcome["skipped"]), "failed": outcome["failed"]}
@@ -246,17 +252,31 @@ def reference(spec_path: Path, out: Path) -> dict:
     return record
 
 
-def assemble(install: Path, quick: Path, latency_json: Path, out: Path, reference_json: Path | None = None) -> dict:
-    """``gpu.json``: the keys the GPU issue asks for, each from the step that measured it, with its machine and date."""
-    inst, q, lat = (json.loads(p.read_text()) for p in (install, quick, latency_json))
+def assemble(out: Path, install: Path | None = None, quick: Path | None = None, latency_json: Path | None = None,
+             reference_json: Path | None = None) -> dict:
+    """``gpu.json``: the keys the GPU issue asks for, each from the step that measured it, with its machine and date.
+
+    A step not given keeps its section from the existing file (each section says when and where it was
+    measured), so one step re-run on a later machine updates only what it measured.
+    """
     previous = json.loads(out.read_text()) if out.exists() else {}
+
+    def section(path: Path | None, key: str) -> dict:
+        if path is not None:
+            return json.loads(path.read_text())
+        if key not in previous:
+            raise SystemExit(f"{out} has no '{key}' section to keep; give --{key} (the {key} step's JSON)")
+        return previous[key]
+
+    inst, q, lat = section(install, "install"), section(quick, "quick"), section(latency_json, "latency")
     record = {
         "device": lat["gpu"],
         "install": inst,
         "quick": q,
         "latency_vs_best": {nn: row["latency_vs_best"] for nn, row in lat["nns"].items()},
         "latency": lat,
-        **({"reference": json.loads(reference_json.read_text())} if reference_json else {}),
+        **({"reference": json.loads(reference_json.read_text())} if reference_json
+           else {"reference": previous["reference"]} if "reference" in previous else {}),
         # the default-profile comparison (ResNet-18) is written by its own run; kept when this step re-runs
         **({"resnet18": previous["resnet18"]} if "resnet18" in previous else {}),
     }
@@ -288,10 +308,10 @@ def main() -> None:
     r.add_argument("spec", type=Path)
     r.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
-    a.set_defaults(step=lambda args: assemble(args.install, args.quick, args.latency, args.json, args.reference))
-    a.add_argument("--install", type=Path, required=True)
-    a.add_argument("--quick", type=Path, required=True)
-    a.add_argument("--latency", type=Path, required=True)
+    a.set_defaults(step=lambda args: assemble(args.json, args.install, args.quick, args.latency, args.reference))
+    a.add_argument("--install", type=Path, help="the install step's JSON (default: keep the file's section)")
+    a.add_argument("--quick", type=Path, help="the quick step's JSON (default: keep the file's section)")
+    a.add_argument("--latency", type=Path, help="the latency step's JSON (default: keep the file's section)")
     a.add_argument("--reference", type=Path, help="the reference step's JSON, kept under 'reference'")
     a.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()

@@ -299,13 +299,13 @@ def main() -> None:
     cpu = kernels.host_cpu_info()
     skipped = []
     if args.skip_lanekeep_pruning and not args.quick:
-        skipped.append("lanekeep prune_ratio 0.5 (every scale, dtype and unit): left out to keep the run near "
-                       "25 minutes on 2 shared cores")
+        skipped.append("lanekeep prune_ratio 0.5 (every scale, dtype and unit): left out to shorten the run "
+                       "(on request)")
     load = lambda xs: " / ".join(f"{x:.2f}" for x in xs)  # noqa: E731
     notes = [
-        f"load average (1 / 5 / 15 min) {load(load_before)} before, {load(load_after)} after; the machine's 2 cores "
-        "were shared with another job during the run, so absolute milliseconds are inflated and some cells untrusted "
-        "(*): compare within a column and within the run",
+        f"load average (1 / 5 / 15 min) {load(load_before)} before, {load(load_after)} after (the run's own builds "
+        "and cells load up to its threads; more means something else ran beside it); a cell marked * is untrusted "
+        "by its own spread: compare within a column and within the run",
         "TVM left out: untuned it takes about 480 ms a frame on this CPU, far from every other backend",
         "torch runs fp32 only: int8 candidates are QDQ ONNX graphs with kernels on onnxruntime, openvino and tvm",
         f"fine-tuning: {FINETUNE_STEPS} distillation steps for every candidate pruning or a scale below 1 damaged, "

@@ -269,14 +269,14 @@ def assemble(out: Path, install: Path | None = None, quick: Path | None = None, 
         return previous[key]
 
     inst, q, lat = section(install, "install"), section(quick, "quick"), section(latency_json, "latency")
+    reference = json.loads(reference_json.read_text()) if reference_json else previous.get("reference")
     record = {
         "device": lat["gpu"],
         "install": inst,
         "quick": q,
         "latency_vs_best": {nn: row["latency_vs_best"] for nn, row in lat["nns"].items()},
         "latency": lat,
-        **({"reference": json.loads(reference_json.read_text())} if reference_json
-           else {"reference": previous["reference"]} if "reference" in previous else {}),
+        **({"reference": reference} if reference else {}),
         # the default-profile comparison (ResNet-18) is written by its own run; kept when this step re-runs
         **({"resnet18": previous["resnet18"]} if "resnet18" in previous else {}),
     }

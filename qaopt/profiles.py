@@ -33,9 +33,9 @@ PROFILES: dict[str, Profile] = {
     # is what lets a scaled NN keep its accuracy: CropFollow's merged NN at input scale 0.5, int8,
     # erred distance L1 0.051 after 40 distillation steps (an earlier quick run) and 0.043 after
     # 160 (the knobs table), the reference 0.035 and the region's reach 0.047 (docs/BENCHMARKS.md,
-    # "Knobs"). No closed-loop
-    # checks during the search: a CropFollow check costs minutes, and six trials leave no later
-    # trial for one to correct (the front's validation runs the same seeds right after).
+    # "Knobs"). No closed-loop checks during the search: a CropFollow check costs minutes, and six
+    # trials leave no later trial for one to correct (the front's validation runs the same seeds
+    # right after).
     "quick": Profile(
         name="quick",
         trials=6,

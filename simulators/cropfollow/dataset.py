@@ -22,7 +22,7 @@ import numpy as np
 from .. import dataset_store
 from ..dataset_store import ReferenceDataset
 from .config import NN_NAMES, RULES, SimConfig, check_nn
-from .evaluator import Batch, FrameSource, run_batch
+from .evaluator import Batch, FrameSource, ar1_step, run_batch
 from .field import Field
 from .render import Renderer, Scene, draw_style
 
@@ -66,13 +66,13 @@ def _val_drives(config: SimConfig, seed: int, n_drives: int, frames: int) -> tup
     images = np.empty((n_drives, frames, config.camera.height_px, config.camera.width_px, 3), dtype=np.uint8)
     labels = np.empty((n_drives, frames, 2), dtype=np.float32)
     error = np.zeros((2, n_drives))
-    spread = np.array([[12.0], [0.12]])
+    innovation = math.sqrt(1 - 0.81) * np.array([[12.0], [0.12]])
     everyone = np.arange(n_drives)
 
     def estimate(step: int, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
         images[:, step] = camera.frames_uint8(batch, everyone, step)
         labels[:, step] = batch.truth.T
-        error[:] = 0.9 * error + math.sqrt(1 - 0.81) * spread * rng.standard_normal(error.shape)
+        ar1_step(error, 0.9, innovation, rng)
         est = batch.truth + error
         return est[0], est[1]
 

@@ -113,6 +113,14 @@ RAW_PERCEPTION = EstimatorParams()
 """No state estimator: the controller steers from the NNs' raw estimates."""
 
 
+def ar1_step(error: np.ndarray, correlation: float, innovation: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Advance AR(1) errors one perception step, in place: ``correlation * error + innovation * N(0, 1)``, where
+    ``innovation`` is the stationary spread times sqrt(1 - correlation^2). The dataset's wandering validation
+    drives and a disturbance both steer by it."""
+    error[:] = correlation * error + innovation * rng.standard_normal(error.shape)
+    return error
+
+
 def _disturbance(config: SimConfig, seeds: Sequence[int]) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """``(heading, distance) -> (heading, distance)`` as the controller reads them: with ``config.disturbance``'s
     AR(1) errors added (one stream per seed list, as the injectors'), or unchanged when it is off."""
@@ -120,11 +128,11 @@ def _disturbance(config: SimConfig, seeds: Sequence[int]) -> Callable[[np.ndarra
     if not d.active:
         return lambda heading, distance: (heading, distance)
     rng = np.random.default_rng(np.random.SeedSequence([DISTURBANCE_SALT, *seeds]))
-    spread = np.array([[d.heading_deg], [d.distance_ratio]]) * np.sqrt(1 - d.correlation**2)
+    innovation = np.array([[d.heading_deg], [d.distance_ratio]]) * np.sqrt(1 - d.correlation**2)
     error = np.zeros((2, len(seeds)))
 
     def disturbed(heading: np.ndarray, distance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        error[:] = d.correlation * error + spread * rng.standard_normal(error.shape)
+        ar1_step(error, d.correlation, innovation, rng)
         return heading + error[0], distance + error[1]
 
     return disturbed

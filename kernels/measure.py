@@ -112,7 +112,10 @@ class Protocol:
     relative half-width of the median's interval beyond which it is untrusted;
     ``max_slowdown`` how much slower than its best the machine may run the
     reference kernel (CPU) before a measurement is retried the same way and,
-    still slowed, marked untrusted.
+    still slowed, marked untrusted. ``ceiling_ms``: a model whose first warm-up
+    round ends slower than this per call is not measured further
+    (:class:`Abandoned`); ``auto`` sets it from the fastest backend so far, so a
+    backend hundreds of times slower costs one round, not a full protocol.
     """
 
     warmup: int = 5
@@ -124,6 +127,7 @@ class Protocol:
     retry_wait_s: float = 0.5
     max_rel_ci: float = 0.10
     max_slowdown: float = 0.25
+    ceiling_ms: float | None = None
 
 
 CONFIDENCE = 0.95
@@ -545,6 +549,15 @@ def measure_callable(
     )
 
 
+class Abandoned(MeasurementError):
+    """A model slower per call than the protocol's ceiling, left after its first warm-up round."""
+
+    def __init__(self, per_call_ms: float, ceiling_ms: float):
+        self.per_call_ms, self.ceiling_ms = per_call_ms, ceiling_ms
+        super().__init__(f"not measured further: {per_call_ms:.2f} ms per call after warm-up, over the ceiling of "
+                         f"{ceiling_ms:.2f} ms")
+
+
 @dataclass(frozen=True)
 class _Attempt:
     samples: list[float]
@@ -555,15 +568,25 @@ class _Attempt:
 
 
 def _warm_up(call: Callable[[], Any], sync: Callable[[], None], protocol: Protocol) -> None:
-    """Rounds of ``warmup`` calls until two in a row agree within :data:`STABLE_WARMUP` (at most ``MAX_WARMUP_ROUNDS``)."""
+    """Rounds of ``warmup`` calls until two in a row agree within :data:`STABLE_WARMUP` (at most ``MAX_WARMUP_ROUNDS``).
+
+    The first round's last call is timed alone against ``protocol.ceiling_ms`` (the earlier calls of a round may
+    still be compiling or allocating): over it, :class:`Abandoned`.
+    """
     calls = max(1, protocol.warmup)
     previous = None
-    for _ in range(MAX_WARMUP_ROUNDS):
+    for round_ in range(MAX_WARMUP_ROUNDS):
         start = time.perf_counter()
-        for _ in range(calls):
+        for _ in range(calls - 1):
             call()
         sync()
-        elapsed = time.perf_counter() - start
+        last = time.perf_counter()
+        call()
+        sync()
+        end = time.perf_counter()
+        if round_ == 0 and protocol.ceiling_ms is not None and (end - last) * 1e3 > protocol.ceiling_ms:
+            raise Abandoned((end - last) * 1e3, protocol.ceiling_ms)
+        elapsed = end - start
         if previous is not None and abs(elapsed - previous) <= STABLE_WARMUP * previous:
             return
         previous = elapsed

@@ -133,6 +133,9 @@ def write_report(result: Result, run_dir: Path) -> Path:
     lines += ["| study | complete | feasible | failed |", "|---|---|---|---|"]
     for mode, s in result.studies.items():
         lines.append(f"| {mode} | {s.trials_complete} | {s.trials_feasible} | {s.trials_failed} |")
+    skipped = [f"{mode}: {s.skipped}" for mode, s in result.studies.items() if s.skipped]
+    if skipped:
+        lines += ["", "Not searched:", ""] + [f"- {line}" for line in skipped]
     failures = [f for s in result.studies.values() for f in s.failures]
     if failures:
         lines += ["", "Failed trials (the search went on):", ""] + [f"- {f}" for f in failures]

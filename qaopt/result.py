@@ -349,6 +349,9 @@ class StudySummary(_Model):
     trials: list[TrialRecord] = Field(default_factory=list, description="every finished trial, in order")
     closed_loop_checks: list[Validation] = Field(default_factory=list, description=(
         "the closed-loop checks run during the search (search.closed_loop), by trial"))
+    skipped: str | None = Field(None, description=(
+        "why the study ran no trial: an agnostic merge group whose merged NN is outside a member's tolerance before "
+        "any other knob"))
 
     def feasible_configurations(self) -> list[Configuration]:
         """Every feasible, measured configuration, fastest first (the latency end of the Pareto front leads).

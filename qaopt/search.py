@@ -46,7 +46,7 @@ from qaopt.events import Trial as TrialEvent
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
 from qaopt.plan import MergePlan, RunPlan
-from qaopt.seeding import Unit, informed_trial
+from qaopt.seeding import Unit, informed_trials
 from qaopt.stress import StressSet, cached_errors, stressed_coordinate
 from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
 from qaopt.result import AgnosticRule, Configuration, NNTolerance, Rebuilt, StudySummary, TrialRecord, Validation
@@ -63,6 +63,8 @@ ATTR_INFEASIBLE = "infeasible"
 """Why a trial is infeasible whatever its errors (an NN that outputs NaN)."""
 ATTR_REGION_VERSION = "region_version"
 """The version of the region that judged the trial (:class:`VersionedRegion`)."""
+ATTR_SKIPPED = "skipped"
+"""A study attribute: why the study ran no trial (an agnostic merged unit that cannot be within tolerance)."""
 CHECK_ATTR_PREFIX = "closed_loop_check:"
 """A study attribute per in-search closed-loop check (``closed_loop_check:<trial>``): one key per trial, so
 workers sharing the study never overwrite each other's, and a resumed run sees what was checked."""
@@ -520,11 +522,10 @@ def run_study(
     params["schedule"] = "sequential"
     params.update({group.param: False for group in plan.merge_groups})
     study.enqueue_trial(params, skip_if_exists=True)
-    # Then the cheapest combination of probes found inside the study's bounds (qaopt.seeding), so that a
-    # short study does not have to come upon it by sampling.
-    if len(study.get_trials(deepcopy=False)) <= 1:  # a new study (a resumed one has its informed trial)
-        informed = informed_trial(ctx, region.current().region, events.note)
-        if informed is not None:
+    # Then the cheapest combination of probes found inside the study's bounds and a milder fallback
+    # (qaopt.seeding), so that a short study does not have to come upon them by sampling.
+    if len(study.get_trials(deepcopy=False)) <= 1:  # a new study (a resumed one has its informed trials)
+        for informed in informed_trials(ctx, region.current().region, events.note):
             study.enqueue_trial(informed, skip_if_exists=True)
     # Then each precision alone, no other knob: what accuracy-preserving compression tries first.
     probes = {nn: spaces[nn].probes(alone=True) for nn in reference_knobs}
@@ -650,6 +651,7 @@ def summarize(study: optuna.Study, objectives: Sequence[str]) -> StudySummary:
         failures=[f"trial {r.number}: {r.error or 'failed'}" for r in records if r.state == "failed"],
         trials=records,
         closed_loop_checks=[v for _, v in sorted(recorded_checks(study).items())],
+        skipped=study.user_attrs.get(ATTR_SKIPPED),
     )
 
 

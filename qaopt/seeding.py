@@ -1,9 +1,10 @@
-"""Informed first trials: the cheapest combination of knobs inside the study's bounds, found before sampling.
+"""Informed first trials: the cheapest combination of knobs inside the study's bounds, and a milder fallback, found
+before sampling.
 
 With a handful of trials (the quick profile runs six) and a space of pruning ratios,
 input scales, dtypes and merge groups, random sampling rarely lands on the
 combination that wins: the smallest resolution the application tolerates, on the
-fastest dtype, merged. So each study starts from an informed trial:
+fastest dtype, merged. So each study starts from informed trials:
 
 1. **Screening (cheap).** Every probe a pass declares (each dtype, each input scale)
    is built alone on each reference NN and on each merge group's merged NN, with no
@@ -16,10 +17,18 @@ fastest dtype, merged. So each study starts from an informed trial:
    fine-tuning budget and bisected for the cheapest one inside the region (the whole
    configuration is judged; the agnostic baseline seeds its per-unit studies itself,
    :mod:`qaopt.agnostic`). At most :data:`WALK_BUILDS` builds per walk; every candidate built here is cached and
-   reused by the trials.
+   reused by the trials. Layouts (merge groups merged, or every NN alone) are walked
+   cheapest first, and a later walk builds only combinations estimated faster than
+   what an earlier one found: on CropFollow the merged walk's find leaves the
+   separate layout nothing to build.
 
-The informed configuration is enqueued right after the reference; a probe the
-screening found slower than the reference on every unit is not tried as a trial.
+Two informed configurations are enqueued right after the reference: the cheapest one
+the walks found inside the region, and the dearest one they found there, whose milder
+knobs make it the one to fall back on when closed-loop runs reject the cheapest (the
+region is a model of the application; validation takes the fastest configuration that
+passes, so a fallback that is already built and measured costs one cached trial). A
+probe the screening found slower than the reference on every unit is not tried as a
+trial.
 """
 
 from __future__ import annotations
@@ -105,25 +114,27 @@ def screen(units: Sequence[Unit], probes: Mapping[Unit, Sequence[Probe]],
     return Screening(reference, factors)
 
 
-def walk(options: Sequence[tuple[float, Any]], feasible: Callable[[Any], bool], budget: int = WALK_BUILDS) -> Any | None:
-    """The cheapest of ``options`` (``(estimated ms, option)``) that ``feasible`` accepts, found by bisection over
-    the options sorted by estimate, trying at most ``budget``; ``None`` when none tried is.
+def walk(options: Sequence[tuple[float, Any]], feasible: Callable[[Any], bool], budget: int = WALK_BUILDS) -> list[Any]:
+    """The options of ``options`` (``(estimated ms, option)``) that ``feasible`` accepted while bisecting for the
+    cheapest one, in the order tried (each cheaper than the one before, so the last is the cheapest found); at most
+    ``budget`` tried, empty when none tried is.
 
     Bisection assumes what costs less errs more (the cheaper, the more aggressive the knobs), so the feasible
-    options form the dearer end of the list; where that does not hold exactly it still returns a feasible
-    option, if not always the cheapest one.
+    options form the dearer end of the list; where that does not hold exactly it still returns feasible
+    options, if not always the cheapest one.
     """
     ordered = [option for _, option in sorted(options, key=lambda o: o[0])]
-    best, lo, hi = None, 0, len(ordered) - 1
+    accepted, lo, hi = [], 0, len(ordered) - 1
     for _ in range(budget):
         if lo > hi:
             break
         mid = (lo + hi) // 2
         if feasible(ordered[mid]):
-            best, hi = ordered[mid], mid - 1
+            accepted.append(ordered[mid])
+            hi = mid - 1
         else:
             lo = mid + 1
-    return best
+    return accepted
 
 
 def merged_units(nns: Sequence[str], groups: Sequence[MergePlan], leads: Mapping[MergePlan, str],
@@ -146,17 +157,18 @@ def knobs_of(base: Knobs, combination: Sequence[Probe]) -> Knobs:
 # ---------------------------------------------------------------- a study's informed trial
 
 
-def informed_trial(ctx: SearchContext, region: ErrorRegion, note: Callable[[str], None]) -> dict[str, Any] | None:
-    """The trial parameters of the cheapest configuration of reference, probes and merges found inside the
-    region (``None``: no probe in the space, or nothing inside within the walk's budget)."""
+def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The trial parameters of the cheapest configuration of reference, probes and merges found inside the region,
+    then of the dearest one found there when it differs (the module docstring); empty when the space has no probe
+    or nothing tried within the walks' budget is inside."""
     plan = ctx.plan
     nns = list(ctx.nns)
-    layouts = [False, True] if plan.merge_groups else [False]
-    units = list(dict.fromkeys(u for merged in layouts for u in merged_units(nns, plan.merge_groups, ctx.merge_leads,
-                                                                                merged)))
+    layouts = [merged_units(nns, plan.merge_groups, ctx.merge_leads, merged)
+               for merged in ([False, True] if plan.merge_groups else [False])]
+    units = list(dict.fromkeys(u for layout in layouts for u in layout))
     probes = {u: plan.knob_spaces[u.nn].probes() for u in units}
     if not any(probes.values()) and not plan.merge_groups:
-        return None
+        return []
     base = {u: plan.knob_spaces[u.nn].base(seed=plan.seed) for u in units}
     full = {u: knobs_of(base[u], [{"finetune_steps": max(plan.knob_spaces[u.nn].choices("finetune_steps") or [0])}])
             for u in units}
@@ -165,7 +177,7 @@ def informed_trial(ctx: SearchContext, region: ErrorRegion, note: Callable[[str]
         return ctx.quick(ctx.build_unit(unit, knobs_of(base[unit], [probe] if probe else [])))[0]
 
     note(f"aware: timing {sum(len(p) for u, p in probes.items() if u.group is None)} probes on the reference NNs "
-         "(untuned, no fine-tuning) to choose the first trial")
+         "(untuned, no fine-tuning) to choose the first trials")
     screening = screen(units, probes, latency)
 
     def feasible(choice: Mapping[Unit, tuple[Probe, ...]]) -> bool:
@@ -176,29 +188,50 @@ def informed_trial(ctx: SearchContext, region: ErrorRegion, note: Callable[[str]
             return False
         return ctx.violation("aware", ctx.errors_of(candidates), candidates, region) <= 0
 
-    found: list[tuple[float, dict[Unit, tuple[Probe, ...]]]] = []
-    for merged in layouts:
-        layout = merged_units(nns, plan.merge_groups, ctx.merge_leads, merged)
-        options = {u: [(screening.estimate(u, c), c) for c in combinations(probes[u])] for u in layout}
-        joint = [(sum(e for e, _ in parts), {u: c for u, (_, c) in zip(layout, parts, strict=True)})
-                 for parts in itertools.product(*options.values())]
-        chosen = walk(joint, feasible)
-        if chosen is not None:
-            found.append((sum(screening.estimate(u, c) for u, c in chosen.items()), chosen))
-    if not found:
-        note(f"aware: no combination of probes inside the study's bounds within {WALK_BUILDS} builds; "
+    joints = []
+    for layout in layouts:
+        options = [[(screening.estimate(u, c), c) for c in combinations(probes[u])] for u in layout]
+        joints.append([(sum(e for e, _ in parts), {u: c for u, (_, c) in zip(layout, parts, strict=True)})
+                       for parts in itertools.product(*options)])
+    chosen = cheapest_and_fallback(joints, feasible)
+    if not chosen:
+        note(f"aware: no combination of probes inside the study's bounds within {WALK_BUILDS} builds per layout; "
              "the search starts from the reference")
-        return None
-    estimate, best = min(found, key=lambda f: f[0])
+        return []
+    for (estimate, choice), role in zip(chosen, ("cheapest", "fallback"), strict=False):
+        note(f"aware: informed trial ({role}) {_describe(choice)} (estimated {estimate:.2f} ms untuned, "
+             f"reference {sum(screening.reference_ms[u] for u in layouts[0]):.2f} ms)")
+    return [_params(ctx, full, choice) for _, choice in chosen]
+
+
+def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasible: Callable[[Any], bool]
+                          ) -> list[tuple[float, Any]]:
+    """Walk each layout's ``(estimated ms, option)`` list, the layout with the cheapest option first, each walk
+    given only the options estimated below the cheapest found so far; then the cheapest found and, when it is
+    another, the dearest found (the milder fallback). Empty when no walk found one."""
+    found: list[tuple[float, Any]] = []
+    for joint in sorted(joints, key=lambda j: min((e for e, _ in j), default=math.inf)):
+        bound = min((e for e, _ in found), default=math.inf)
+        estimates = {id(o): e for e, o in joint}
+        found += [(estimates[id(o)], o) for o in walk([(e, o) for e, o in joint if e < bound], feasible)]
+    if not found:
+        return []
+    cheapest, dearest = min(found, key=lambda f: f[0]), max(found, key=lambda f: f[0])
+    return [cheapest] + ([dearest] if dearest is not cheapest else [])
+
+
+def _describe(choice: Mapping[Unit, tuple[Probe, ...]]) -> str:
+    return "; ".join(f"{'+'.join(unit.serves) if unit.group else unit.nn}: "
+                     f"{', '.join(f'{k} {v}' for p in combo for k, v in p.items()) or 'as the reference'}"
+                     for unit, combo in choice.items())
+
+
+def _params(ctx: SearchContext, full: Mapping[Unit, Knobs], choice: Mapping[Unit, tuple[Probe, ...]]) -> dict[str, Any]:
+    """The study's trial parameters for ``choice`` (every NN's knobs, the merge flags, sequential)."""
+    plan = ctx.plan
     params: dict[str, Any] = {"schedule": "sequential", **{g.param: False for g in plan.merge_groups}}
-    described = []
-    for unit, combo in best.items():
-        knobs = knobs_of(full[unit], combo)
-        params.update(plan.knob_spaces[unit.nn].params_of(knobs, unit.nn))
+    for unit, combo in choice.items():
+        params.update(plan.knob_spaces[unit.nn].params_of(knobs_of(full[unit], combo), unit.nn))
         if unit.group is not None:
             params[unit.group.param] = True
-        described.append(f"{'+'.join(unit.serves) if unit.group else unit.nn}: "
-                         f"{', '.join(f'{k} {v}' for p in combo for k, v in p.items()) or 'as the reference'}")
-    note(f"aware: informed first trial {'; '.join(described)} (estimated {estimate:.2f} ms untuned, "
-         f"reference {sum(screening.reference_ms[u] for u in merged_units(nns, (), {}, False)):.2f} ms)")
     return params

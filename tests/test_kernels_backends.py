@@ -189,6 +189,32 @@ class _Crashing:
         return compiled
 
 
+class _Slow:
+    """A backend that runs the model correctly, 50 ms a call: far slower than any other."""
+
+    name = "slow"
+
+    def __init__(self):
+        self.calls = 0
+
+    def unavailable_reason(self, target):
+        return None
+
+    def compile(self, model, example_inputs, target):
+        import time
+
+        compiled = kernels.get_backend("torch").compile(model, example_inputs, target)
+        fn = compiled.fn
+
+        def slowly(*a):
+            self.calls += 1
+            time.sleep(0.05)
+            return fn(*a)
+
+        compiled.fn = slowly
+        return compiled
+
+
 class _FailingBuild:
     name = "failing"
 
@@ -204,9 +230,14 @@ def broken_backends():
     """Two backends that fail to build, registered for one test only: later tests list what the registry holds."""
     kernels.register_backend("crashing", lambda **_: _Crashing())
     kernels.register_backend("failing", lambda **_: _FailingBuild())
+    kernels.register_backend("slow", lambda **_: SLOW)
     yield
     kernels.unregister_backend("crashing")
     kernels.unregister_backend("failing")
+    kernels.unregister_backend("slow")
+
+
+SLOW = _Slow()
 
 
 def test_auto_keeps_fastest_and_records_failures(tiny, tmp_path, monkeypatch, broken_backends):
@@ -229,6 +260,20 @@ def test_auto_keeps_fastest_and_records_failures(tiny, tmp_path, monkeypatch, br
     again = auto.compile(model, [x], Target(threads=1))
     assert calls == [] and again.backend == compiled.backend
     assert [o.to_dict() for o in again.outcomes] == [o.to_dict() for o in compiled.outcomes]
+
+
+def test_auto_abandons_a_backend_far_slower_than_the_fastest_so_far(tiny, broken_backends):
+    model, x, _ = tiny
+    SLOW.calls = 0
+    compiled = kernels.AutoBackend(["torch", "slow"], protocol=QUICK).compile(model, [x], Target(threads=1))
+    by = {o.backend: o for o in compiled.outcomes}
+    assert compiled.backend == "torch" and by["slow"].measurement is None
+    assert "not measured further" in by["slow"].error and "ms per call after warm-up" in by["slow"].error
+    assert SLOW.calls == QUICK.warmup  # one warm-up round, then left
+    # First, with nothing faster measured yet, it is measured in full.
+    SLOW.calls = 0
+    first = kernels.AutoBackend(["slow", "torch"], protocol=QUICK).compile(model, [x], Target(threads=1))
+    assert {o.backend: o for o in first.outcomes}["slow"].measurement is not None and SLOW.calls > QUICK.warmup
 
 
 def test_auto_fails_clearly_when_nothing_runs(tiny, broken_backends):

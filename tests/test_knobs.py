@@ -12,7 +12,7 @@ from qaopt.approx import ErrorMetric, Knobs, TargetNN
 from qaopt.approx.merge import MergeGroup, OutputColumns, build_merged
 from qaopt.approx.resolution import InputResize
 from qaopt.kernels import onnx as onnx_toolchain
-from qaopt.seeding import Screening, Unit, combinations, walk
+from qaopt.seeding import Screening, Unit, cheapest_and_fallback, combinations, walk
 from tests.test_approx_build import FAST, SHAPE, build, stripe_data, train_base
 
 torch.set_num_threads(1)
@@ -102,9 +102,29 @@ def test_the_walk_bisects_for_the_cheapest_feasible_option_within_its_budget():
         return option >= 6
 
     options = [(float(o), o) for o in (9, 1, 4, 2, 3, 5, 6, 7, 8, 10, 11)]
-    assert walk(options, feasible) == 6
+    accepted = walk(options, feasible)
+    assert accepted[-1] == 6 and accepted == sorted(accepted, reverse=True), "each accepted option cheaper"
     assert len(tried) <= 4 and tried[0] == 6, "bisection starts in the middle"
-    assert walk(options, feasible, budget=1) == 6 and walk(options, lambda o: False) is None
+    assert walk(options, feasible, budget=1) == [6] and walk(options, lambda o: False) == []
+
+
+def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallback():
+    tried = []
+
+    def feasible(option):
+        tried.append(option)
+        return option[1] >= 4  # a layout's option: (layout, aggressiveness); the milder, the more feasible
+
+    merged = [(float(k), ("merged", k)) for k in range(1, 13)]
+    apart = [(float(k), ("apart", k)) for k in range(10, 30)]
+    chosen = cheapest_and_fallback([apart, merged], feasible)
+    assert chosen[0] == (4.0, ("merged", 4)), "the cheapest the walks found"
+    assert chosen[1][0] > chosen[0][0] and chosen[1][1][0] == "merged", "the dearest they found: a milder fallback"
+    assert all(layout == "merged" for layout, _ in tried), "no apart option is estimated below the merged find"
+    assert [o[1] for o in tried] == [6, 3, 4]
+    # One layout, one option inside: no fallback; nothing inside: no informed trial.
+    assert cheapest_and_fallback([[(1.0, ("m", 1)), (5.0, ("m", 5))]], lambda o: o[1] == 5) == [(5.0, ("m", 5))]
+    assert cheapest_and_fallback([merged], lambda o: False) == []
 
 
 def test_estimates_multiply_the_probes_factors_and_slow_probes_are_flagged():

@@ -65,10 +65,12 @@ def test_end_to_end_outputs(tiny_run):
     run = spec.parent / "runs"
     assert Result.load(run / "result.json") == result
     assert result.studies["aware"].trials_complete + result.studies["aware"].trials_failed == 4
-    # The agnostic baseline: a study per NN and per merge group, each with the aware study's budget.
+    # The agnostic baseline: a study per NN and per merge group, each with the aware study's budget; the toy's merged
+    # NN is outside a member's tolerance before any knob, so its group is not searched, and the report says why.
     assert {m: s.trials_complete for m, s in result.studies.items() if m != "aware"} == {
-        "agnostic.a": 4, "agnostic.b": 4, "agnostic.a+b": 4}
-    assert result.agnostic_converged is not None and result.agnostic_converged.trials == 12
+        "agnostic.a": 4, "agnostic.b": 4, "agnostic.a+b": 0}
+    assert "already outside tolerance" in result.studies["agnostic.a+b"].skipped
+    assert result.agnostic_converged is not None and result.agnostic_converged.trials == 8
     assert result.agnostic_rule is not None and set(result.agnostic_rule.nns) == {"a", "b"}
     # The reference configuration is the first trial of each study, measured once.
     assert result.reference.latency_ms > 0 and result.reference.errors.keys() == {"a", "b"}
@@ -78,6 +80,7 @@ def test_end_to_end_outputs(tiny_run):
     assert result.agnostic_validation is not None and 1 <= result.agnostic_validation.runs <= 6
     report = (run / "report.md").read_text()
     assert "the application-agnostic configuration passed" in report
+    assert "Not searched:\n\n- agnostic.a+b: the merged NN, unpruned" in report
     for section in ("## Outcome", "## Error region", "## Closed-loop validation", "## Search", "region.png", "pareto.png",
                     "### The application-agnostic tolerance", "agnostic_convergence.png"):
         assert section in report

@@ -53,6 +53,10 @@ HEADING = {
     "h-p90-ft400": {"prune_ratio": 0.9, "finetune_steps": 400},
     "h-p30-ft100-int8": {"prune_ratio": 0.3, "finetune_steps": 100, "dtype": "int8"},
     "h-p50-ft400-int8": {"prune_ratio": 0.5, "finetune_steps": 400, "dtype": "int8"},
+    # the resolution knob (issue 30), fine-tuned as the quick profile caps it
+    "h-s75-int8": {"input_scale": 0.75, "dtype": "int8", "finetune_steps": 160},
+    "h-s50-int8": {"input_scale": 0.5, "dtype": "int8", "finetune_steps": 160},
+    "h-s375-int8": {"input_scale": 0.375, "dtype": "int8", "finetune_steps": 160},
 }
 DISTANCE = {
     "d-ref": {},
@@ -65,6 +69,9 @@ DISTANCE = {
     "d-p70-ft400": {"prune_ratio": 0.7, "finetune_steps": 400},
     "d-p90-ft400": {"prune_ratio": 0.9, "finetune_steps": 400},
     "d-p50-ft400-int8": {"prune_ratio": 0.5, "finetune_steps": 400, "dtype": "int8"},
+    "d-s75-int8": {"input_scale": 0.75, "dtype": "int8", "finetune_steps": 160},
+    "d-s50-int8": {"input_scale": 0.5, "dtype": "int8", "finetune_steps": 160},
+    "d-s375-int8": {"input_scale": 0.375, "dtype": "int8", "finetune_steps": 160},
 }
 CONFIGURATIONS = [
     ("h-ref", "d-ref"), ("h-bf16", "d-bf16"), ("h-int8", "d-int8"), ("h-int8", "d-ref"), ("h-ref", "d-int8"),
@@ -74,6 +81,9 @@ CONFIGURATIONS = [
     ("h-ref", "d-p70-ft400"), ("h-ref", "d-p90-ft400"), ("h-ref", "d-p50-ft400-int8"),
     ("h-p30-ft100", "d-p30-ft100"), ("h-p50-ft100", "d-p50-ft100"), ("h-p50-ft400", "d-p50-ft400"),
     ("h-p70-ft400", "d-p70-ft400"), ("h-p30-ft100-int8", "d-p50-ft400-int8"), ("h-p50-ft400-int8", "d-int8"),
+    # 25-31: the resolution knob, both NNs scaled alike, then one NN at a time beside the other's plain int8
+    ("h-s75-int8", "d-s75-int8"), ("h-s50-int8", "d-s50-int8"), ("h-s375-int8", "d-s375-int8"),
+    ("h-s50-int8", "d-int8"), ("h-int8", "d-s50-int8"), ("h-s75-int8", "d-int8"), ("h-int8", "d-s75-int8"),
 ]
 
 

@@ -5,24 +5,25 @@
 If one region point per NN (a level) cannot predict the closed loop (``benchmarks/fidelity.py``),
 the richest error model qaopt measures might: the ``shaped`` model fitted to the candidate's own
 on-policy residual and truth sequences (its bias, slope on the true value, correlation time,
-bursts), injected at its own level, with the other NN's reference process. Run in the example's
-simulator (100 m, ``--runs`` seeds of their own), twice: the slope held at the edges of the band of
-true values it was measured on (the model as shipped), and extrapolated beyond it. Prints the
-failing runs beside the closed-loop ground truth of the same NN (with the other NN the reference).
+bursts), injected at its own level. For each configuration the run folder ran closed-loop (the
+records ``benchmarks/fidelity.py`` reads), both NNs are injected with their own processes, in the
+example's simulator (100 m, ``--runs`` seeds of their own), twice: the slope held at the edges of
+the band of true values it was measured on (the model as shipped), and extrapolated beyond it.
+Prints the failing runs beside the configuration's closed-loop ground truth, with each NN's fitted
+offset (its bias) and slope.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from fidelity import read_closed_loop
 
 REPO = Path(__file__).resolve().parents[1]
-HEADING = ["h-ref", "h-p30-ft100", "h-p50-ft100", "h-p50-ft400", "h-p70-ft100", "h-p70-ft400", "h-p90-ft400"]
-DISTANCE = ["d-ref", "d-p30-ft100", "d-p50-ft100", "d-p70-ft100", "d-p70-ft400", "d-p90-ft400"]
+NNS = ("heading", "distance")
 
 
 def main() -> None:
@@ -39,36 +40,29 @@ def main() -> None:
     evaluator = CropFollowEvaluator(**spec.evaluator.simulator.params)
     sequences = np.load(args.run_dir / "fidelity_residuals.npz")
     drives = len([k for k in sequences.files if k.startswith("h-ref/residual/")])
-    truth = {}
-    for text in (args.run_dir / "done.jsonl").read_text().replace("}{", "}\n{").splitlines():
-        rec = json.loads(text)
-        truth[(rec["heading"], rec["distance"])] = f"{rec['failures']}/{rec['runs']}"
+    _, records = read_closed_loop(args.run_dir)
 
     def fit(name: str) -> Shaped:
         return Shaped.fit([sequences[f"{name}/residual/{i}"] for i in range(drives)], "l1",
                           [sequences[f"{name}/truth/{i}"] for i in range(drives)])
 
     seeds = list(range(9_000_000, 9_000_000 + args.runs))
-    reference = {"heading": fit("h-ref"), "distance": fit("d-ref")}
-    print(f"{args.runs} injection runs of {spec.evaluator.simulator.params['run_length_m']} m per row; the other NN "
-          f"injected with the reference's own process\n")
-    print("| NN variant | on-policy L1 | slope on truth | closed loop (real NNs) | injected, slope held at the band | "
-          "injected, slope extrapolated |")
+    print(f"{args.runs} injection runs of {spec.evaluator.simulator.params['run_length_m']} m per configuration, "
+          "each NN injected with its own fitted process\n")
+    print("| # | heading (on-policy L1, offset, slope) | distance (on-policy L1, offset, slope) | closed loop (real NNs) "
+          "| injected, slope held at the band | injected, slope extrapolated |")
     print("|---|---|---|---|---|---|")
-    for nn, names in (("heading", HEADING), ("distance", DISTANCE)):
-        other = "distance" if nn == "heading" else "heading"
-        for name in names:
-            model = fit(name)
-            level = model.features.level
-            cells = []
-            for variant in (model, replace(model, truth_range=(-np.inf, np.inf))):
-                injectors = {nn: variant.injector({"metric": level}),
-                             other: reference[other].injector({"metric": reference[other].features.level})}
-                records = evaluator.evaluate(injectors, seeds)
-                cells.append(f"{sum(r[spec.qos.metric] > spec.qos.max for r in records)}/{args.runs}")
-            pair = (name, "d-ref") if nn == "heading" else ("h-ref", name)
-            print(f"| {name} | {level:.4g} | {model.gain:+.2f} | {truth.get(pair, '-')} | {cells[0]} | {cells[1]} |",
-                  flush=True)
+    for rec in sorted(records, key=lambda r: r["id"]):
+        models = {nn: fit(rec[nn]) for nn in NNS}
+        cells = []
+        for extrapolated in (False, True):
+            injectors = {nn: (replace(m, truth_range=(-np.inf, np.inf)) if extrapolated else m).injector(
+                {"metric": m.features.level}) for nn, m in models.items()}
+            records_ = evaluator.evaluate(injectors, seeds)
+            cells.append(f"{sum(r[spec.qos.metric] > spec.qos.max for r in records_)}/{args.runs}")
+        described = [f"{rec[nn]} ({m.features.level:.4g}, {m.offset:+.3g}, {m.gain:+.2f})" for nn, m in models.items()]
+        print(f"| {rec['id']} | {described[0]} | {described[1]} | {rec['failures']}/{rec['runs']} | {cells[0]} | "
+              f"{cells[1]} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ class ApproximationPass:
     stage: ClassVar[Stage] = "float"
     probe_alone: ClassVar[bool] = False
     """Whether each of the pass's probes is also worth a trial of its own on the reference NNs (each dtype: what
-    accuracy-preserving compression tries first), besides being a part of the informed first trial."""
+    accuracy-preserving compression tries first), besides being a part of the informed first trials."""
 
     # ---- search
     def space(self, config: PassConfig | None, limits: SearchLimits, chosen: Any | None) -> dict[str, Any]:

@@ -35,8 +35,9 @@ from .target import Target
 
 CPU_BACKENDS = (BackendRef("openvino"), BackendRef("onnxruntime"), BackendRef("torch"),
                 BackendRef("torch", "channels_last"), BackendRef("tvm"))
-"""Default for CPU targets, the usually fastest first (so :data:`HOPELESS` can spare the others). Inductor is left out: it took 25 s to compile a compact NavNet and ran it no faster
-than eager on this CPU (19.7 ms both); name it in ``backends`` to include it."""
+"""Default for CPU targets, the usually fastest first (so :data:`HOPELESS` can spare the others). Inductor is left
+out: it took 25 s to compile a compact NavNet and ran it no faster than eager on this CPU (19.7 ms both); name it
+in ``backends`` to include it."""
 CUDA_BACKENDS = (BackendRef("torch"), BackendRef("torch", "cuda_graph"), BackendRef("torch-compile"),
                  BackendRef("onnxruntime"))
 """Default for CUDA targets: eager (cuDNN), eager replayed as one CUDA graph, Inductor replaying CUDA graphs (the

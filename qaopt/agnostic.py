@@ -157,8 +157,7 @@ def seeds(ctx: SearchContext, unit: Unit) -> list[Knobs]:
 
 def deepest_ratio(ctx: SearchContext, unit: Unit) -> Knobs | None:
     """The unit's knobs at the deepest pruning ratio its space reaches (a ladder's rungs, else the ratio grid) whose
-    candidate is within tolerance, by bisection; ``None`` when the space prunes nothing or no ratio tried is within
-"""
+    candidate is within tolerance, by bisection; ``None`` when the space prunes nothing or no ratio tried is within."""
     plan = ctx.plan
     space = plan.knob_spaces[unit.nn]
     pruning = space.configs.get("pruning")
@@ -173,7 +172,7 @@ def deepest_ratio(ctx: SearchContext, unit: Unit) -> Knobs | None:
         return not nonfinite(candidates) and ctx.over_tolerance(candidates) <= 0
 
     accepted = walk([(-r, r) for r in ratios], within)  # the deepest ratio is the cheapest
-    return space.base(prune_ratio=accepted[-1], seed=plan.seed) if accepted else None
+    return space.base(prune_ratio=accepted[-1][1], seed=plan.seed) if accepted else None
 
 
 def merge_outside(ctx: SearchContext, unit: Unit) -> str | None:
@@ -192,8 +191,8 @@ def merge_outside(ctx: SearchContext, unit: Unit) -> str | None:
     if not over:
         return None
     return ("the merged NN, unpruned at full precision and resolution, is already outside tolerance ("
-            + "; ".join(f"{n}: error {candidates[n].error:.4g}, excess bound {j.ucb:.4g} over its allowed {j.allowed:.4g}"
-                        for n, j in over.items())
+            + "; ".join(f"{n}: error {candidates[n].error:.4g}, excess bound {j.ucb:.4g} over its allowed "
+                        f"{j.allowed:.4g}" for n, j in over.items())
             + "), so no trial of it could be within")
 
 
@@ -205,11 +204,11 @@ def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: Stage
     space = plan.knob_spaces[unit.nn]
     if ATTR_SKIPPED in study.user_attrs:
         return study
-    if not study.get_trials(deepcopy=False) and (why := merge_outside(ctx, unit)):  # a new study
-        events.note(f"{MODE} {unit_label(unit)}: not searched: {why}")
-        study.set_user_attr(ATTR_SKIPPED, why)
-        return study
     if not study.get_trials(deepcopy=False):  # a new study (a resumed one has its seeds)
+        if why := merge_outside(ctx, unit):
+            events.note(f"{MODE} {unit_label(unit)}: not searched: {why}")
+            study.set_user_attr(ATTR_SKIPPED, why)
+            return study
         events.note(f"{MODE} {unit_label(unit)}: seeding with the reference, each precision alone and the deepest "
                     "pruning ratio within tolerance")
         for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in seeds(ctx, unit)):

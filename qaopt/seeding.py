@@ -114,22 +114,23 @@ def screen(units: Sequence[Unit], probes: Mapping[Unit, Sequence[Probe]],
     return Screening(reference, factors)
 
 
-def walk(options: Sequence[tuple[float, Any]], feasible: Callable[[Any], bool], budget: int = WALK_BUILDS) -> list[Any]:
-    """The options of ``options`` (``(estimated ms, option)``) that ``feasible`` accepted while bisecting for the
-    cheapest one, in the order tried (each cheaper than the one before, so the last is the cheapest found); at most
-    ``budget`` tried, empty when none tried is.
+def walk(options: Sequence[tuple[float, Any]], feasible: Callable[[Any], bool], budget: int = WALK_BUILDS
+         ) -> list[tuple[float, Any]]:
+    """The ``(estimated ms, option)`` pairs of ``options`` whose option ``feasible`` accepted while bisecting for
+    the cheapest one, in the order tried (each cheaper than the one before, so the last is the cheapest found);
+    at most ``budget`` tried, empty when none tried is.
 
     Bisection assumes what costs less errs more (the cheaper, the more aggressive the knobs), so the feasible
     options form the dearer end of the list; where that does not hold exactly it still returns feasible
     options, if not always the cheapest one.
     """
-    ordered = [option for _, option in sorted(options, key=lambda o: o[0])]
+    ordered = sorted(options, key=lambda o: o[0])
     accepted, lo, hi = [], 0, len(ordered) - 1
     for _ in range(budget):
         if lo > hi:
             break
         mid = (lo + hi) // 2
-        if feasible(ordered[mid]):
+        if feasible(ordered[mid][1]):
             accepted.append(ordered[mid])
             hi = mid - 1
         else:
@@ -154,7 +155,7 @@ def knobs_of(base: Knobs, combination: Sequence[Probe]) -> Knobs:
     return Knobs.model_validate({**base.model_dump(), **settings})
 
 
-# ---------------------------------------------------------------- a study's informed trial
+# ---------------------------------------------------------------- a study's informed trials
 
 
 def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -212,8 +213,7 @@ def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasibl
     found: list[tuple[float, Any]] = []
     for joint in sorted(joints, key=lambda j: min((e for e, _ in j), default=math.inf)):
         bound = min((e for e, _ in found), default=math.inf)
-        estimates = {id(o): e for e, o in joint}
-        found += [(estimates[id(o)], o) for o in walk([(e, o) for e, o in joint if e < bound], feasible)]
+        found += walk([o for o in joint if o[0] < bound], feasible)
     if not found:
         return []
     cheapest, dearest = min(found, key=lambda f: f[0]), max(found, key=lambda f: f[0])

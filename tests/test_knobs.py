@@ -103,9 +103,9 @@ def test_the_walk_bisects_for_the_cheapest_feasible_option_within_its_budget():
 
     options = [(float(o), o) for o in (9, 1, 4, 2, 3, 5, 6, 7, 8, 10, 11)]
     accepted = walk(options, feasible)
-    assert accepted[-1] == 6 and accepted == sorted(accepted, reverse=True), "each accepted option cheaper"
+    assert accepted[-1] == (6.0, 6) and accepted == sorted(accepted, reverse=True), "each accepted option cheaper"
     assert len(tried) <= 4 and tried[0] == 6, "bisection starts in the middle"
-    assert walk(options, feasible, budget=1) == [6] and walk(options, lambda o: False) == []
+    assert walk(options, feasible, budget=1) == [(6.0, 6)] and walk(options, lambda o: False) == []
 
 
 def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallback():

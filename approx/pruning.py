@@ -26,11 +26,13 @@ def output_heads(model: nn.Module, example: torch.Tensor) -> list[nn.Module]:
     Falls back to the last such layer run when the output passes through a
     parameter-free op (a ``tanh``, a ``squeeze``) after its head.
     """
-    produced: dict[int, nn.Module] = {}
+    produced: dict[int, tuple[nn.Module, torch.Tensor]] = {}
     order: list[nn.Module] = []
 
     def record(module: nn.Module, _inputs, output) -> None:
-        produced[id(output)] = module
+        # The output is kept alive with its module: an intermediate tensor freed during the forward pass would
+        # let a later tensor (the model's output, made by a parameter-free op) take its id and pass for its output.
+        produced[id(output)] = (module, output)
         order.append(module)
 
     hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, _PRUNABLE)]
@@ -41,7 +43,7 @@ def output_heads(model: nn.Module, example: torch.Tensor) -> list[nn.Module]:
         for hook in hooks:
             hook.remove()
     outputs = out if isinstance(out, (tuple, list)) else [out]
-    heads = [produced[id(o)] for o in outputs if id(o) in produced]
+    heads = [produced[id(o)][0] for o in outputs if id(o) in produced]
     return heads or order[-1:]
 
 

@@ -14,7 +14,7 @@ from torch import nn
 from qaopt.app_spec.errors import QaoptError
 from qaopt.approx import ApproxError, ErrorMetric, FinetuneRecipe, Knobs, TargetNN
 from qaopt.approx import build as _build
-from qaopt.approx.pruning import kept_channels
+from qaopt.approx.pruning import kept_channels, output_heads
 from qaopt.kernels import onnx as onnx_toolchain
 
 torch.set_num_threads(1)
@@ -342,3 +342,16 @@ def test_candidate_metrics_are_a_versioned_artifact_and_an_older_entry_is_rebuil
     again = build(tiny_nn, Knobs(dtype="bf16"), cache_dir=cache)
     assert again.key == first.key and not again.from_cache and again.error == first.error
     assert build(tiny_nn, Knobs(dtype="bf16"), cache_dir=cache).from_cache
+
+
+
+def test_the_output_layer_is_found_whatever_ids_freed_tensors_leave():
+    """A regression NN's output leaves its last linear layer through a parameter-free op (LaneKeep's: scale and
+    offset), so it is a new tensor: it must never pass for a freed intermediate output that had its id (it did,
+    and merging LaneKeep's NNs widened a hidden layer)."""
+    from qaopt.simulators.lanekeep.nets import LaneKeepNet
+
+    torch.manual_seed(0)
+    model = LaneKeepNet("lane").eval()
+    inputs = [torch.zeros(1, 3, 120, 160)] + [torch.rand(1, 3, 120, 160) for _ in range(20)]
+    assert {tuple(output_heads(model, x)[0].weight.shape) for x in inputs} == {(1, 64)}

@@ -68,7 +68,7 @@ from qaopt.search import (
     optimize_until,
     summarize,
 )
-from qaopt.seeding import Unit, merged_units, walk
+from qaopt.seeding import Unit, merged_units, most_finetuning, walk
 
 MODE = "agnostic"
 AGNOSTIC_STUDY_PREFIX = f"{MODE}."
@@ -172,7 +172,11 @@ def deepest_ratio(ctx: SearchContext, unit: Unit) -> Knobs | None:
         return not nonfinite(candidates) and ctx.over_tolerance(candidates) <= 0
 
     accepted = walk([(-r, r) for r in ratios], within)  # the deepest ratio is the cheapest
-    return space.base(prune_ratio=accepted[-1][1], seed=plan.seed) if accepted else None
+    if not accepted:
+        return None
+    # Judged without fine-tuning, which is cheap and only errs more; the seed is a point of the search space (a
+    # pruned NN is fine-tuned), with the most fine-tuning it samples, so within tolerance a fortiori.
+    return space.base(prune_ratio=accepted[-1][1], seed=plan.seed, finetune_steps=most_finetuning(space))
 
 
 def merge_outside(ctx: SearchContext, unit: Unit) -> str | None:
@@ -183,8 +187,7 @@ def merge_outside(ctx: SearchContext, unit: Unit) -> str | None:
     if unit.group is None:
         return None
     space = ctx.plan.knob_spaces[unit.nn]
-    steps = max(space.choices("finetune_steps") or [0])
-    candidates = ctx.build_unit(unit, space.base(seed=ctx.plan.seed, finetune_steps=steps))
+    candidates = ctx.build_unit(unit, space.base(seed=ctx.plan.seed, finetune_steps=most_finetuning(space)))
     if nonfinite(candidates):
         return f"the merged NN outputs NaN or inf ({nonfinite(candidates)})"
     over = {n: j for n, c in candidates.items() if not (j := ctx.judgement(n, c)).within}

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qaopt.approx import Candidate, Knobs
+from qaopt.approx import Candidate, Knobs, KnobSpace
 from qaopt.calibrate import ErrorRegion
 from qaopt.plan import MergePlan
 
@@ -147,6 +147,12 @@ def merged_units(nns: Sequence[str], groups: Sequence[MergePlan], leads: Mapping
     return [Unit(leads[g], g) for g in groups] + [Unit(n) for n in nns if n not in grouped]
 
 
+def most_finetuning(space: KnobSpace) -> int:
+    """The most fine-tuning steps ``space`` samples (0 when it has no fine-tuning): what a walk builds with, since
+    fine-tuning only lowers a damaged NN's error."""
+    return max(space.choices("finetune_steps") or [0])
+
+
 def knobs_of(base: Knobs, combination: Sequence[Probe]) -> Knobs:
     """``base`` with every probe of ``combination`` applied."""
     settings: dict[str, Any] = {}
@@ -171,8 +177,7 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     if not any(probes.values()) and not plan.merge_groups:
         return []
     base = {u: plan.knob_spaces[u.nn].base(seed=plan.seed) for u in units}
-    full = {u: knobs_of(base[u], [{"finetune_steps": max(plan.knob_spaces[u.nn].choices("finetune_steps") or [0])}])
-            for u in units}
+    full = {u: knobs_of(base[u], [{"finetune_steps": most_finetuning(plan.knob_spaces[u.nn])}]) for u in units}
 
     def latency(unit: Unit, probe: Probe) -> float:
         return ctx.quick(ctx.build_unit(unit, knobs_of(base[unit], [probe] if probe else [])))[0]

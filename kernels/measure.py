@@ -553,7 +553,6 @@ class Abandoned(MeasurementError):
     """A model slower per call than the protocol's ceiling, left after its first warm-up round."""
 
     def __init__(self, per_call_ms: float, ceiling_ms: float):
-        self.per_call_ms, self.ceiling_ms = per_call_ms, ceiling_ms
         super().__init__(f"not measured further: {per_call_ms:.2f} ms per call after warm-up, over the ceiling of "
                          f"{ceiling_ms:.2f} ms")
 

@@ -259,10 +259,10 @@ def versions() -> dict[str, str]:
     return out
 
 
-def write(out: Path, table: dict[str, Any]) -> None:
-    """Replace ``table`` in ``out``, keeping every other key the file has."""
+def write(out: Path, key: str, value: dict[str, Any]) -> None:
+    """Replace ``key`` in ``out``, keeping every other key the file has (each key is written by its own step)."""
     data = json.loads(out.read_text()) if out.exists() else {}
-    data["table"] = table
+    data[key] = value
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n")
 
@@ -335,7 +335,7 @@ def main() -> None:
     print(f"\n{cpu.model}, {args.threads} threads; ms per inference, median [95 % interval], * untrusted; "
           f"error: the NN's metric on its validation data (reference NN's in brackets); wall {wall / 60:.1f} min\n")
     print(markdown(rows))
-    write(out, table)
+    write(out, "table", table)
     print(f"\nwrote {out} (key 'table')")
 
 

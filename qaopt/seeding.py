@@ -23,7 +23,8 @@ fastest dtype, merged. So each study starts from informed trials:
    separate layout nothing to build.
 
 Two informed configurations are enqueued right after the reference: the cheapest one
-the walks found inside the region, and the dearest one they found there, whose milder
+the walks found inside the region, and the dearest one they found there (walks consider
+only what is estimated faster than the reference, which is trial 0), whose milder
 knobs make it the one to fall back on when closed-loop runs reject the cheapest (the
 region is a model of the application; validation takes the fastest configuration that
 passes, so a fallback that is already built and measured costs one cached trial). A
@@ -199,25 +200,27 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
         options = [[(screening.estimate(u, c), c) for c in combinations(probes[u])] for u in layout]
         joints.append([(sum(e for e, _ in parts), {u: c for u, (_, c) in zip(layout, parts, strict=True)})
                        for parts in itertools.product(*options)])
-    chosen = cheapest_and_fallback(joints, feasible)
+    reference_ms = sum(screening.reference_ms[u] for u in layouts[0])
+    chosen = cheapest_and_fallback(joints, feasible, ceiling=reference_ms)
     if not chosen:
-        note(f"aware: no combination of probes inside the study's bounds within {WALK_BUILDS} builds per layout; "
-             "the search starts from the reference")
+        note(f"aware: no combination of probes estimated faster than the reference and inside the study's bounds "
+             f"within {WALK_BUILDS} builds per layout; the search starts from the reference")
         return []
     for (estimate, choice), role in zip(chosen, ("cheapest", "fallback"), strict=False):
         note(f"aware: informed trial ({role}) {_describe(choice)} (estimated {estimate:.2f} ms untuned, "
-             f"reference {sum(screening.reference_ms[u] for u in layouts[0]):.2f} ms)")
+             f"reference {reference_ms:.2f} ms)")
     return [_params(ctx, full, choice) for _, choice in chosen]
 
 
-def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasible: Callable[[Any], bool]
-                          ) -> list[tuple[float, Any]]:
+def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasible: Callable[[Any], bool],
+                          ceiling: float = math.inf) -> list[tuple[float, Any]]:
     """Walk each layout's ``(estimated ms, option)`` list, the layout with the cheapest option first, each walk
-    given only the options estimated below the cheapest found so far; then the cheapest found and, when it is
-    another, the dearest found (the milder fallback). Empty when no walk found one."""
+    given only the options estimated below ``ceiling`` (the reference: an option no faster is no trial worth
+    enqueueing, not even as the fallback) and below the cheapest found so far; then the cheapest found and, when
+    it is another, the dearest found (the milder fallback). Empty when no walk found one."""
     found: list[tuple[float, Any]] = []
     for joint in sorted(joints, key=lambda j: min((e for e, _ in j), default=math.inf)):
-        bound = min((e for e, _ in found), default=math.inf)
+        bound = min((e for e, _ in found), default=ceiling)
         found += walk([o for o in joint if o[0] < bound], feasible)
     if not found:
         return []

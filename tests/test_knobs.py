@@ -125,6 +125,10 @@ def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallbac
     # One layout, one option inside: no fallback; nothing inside: no informed trial.
     assert cheapest_and_fallback([[(1.0, ("m", 1)), (5.0, ("m", 5))]], lambda o: o[1] == 5) == [(5.0, ("m", 5))]
     assert cheapest_and_fallback([merged], lambda o: False) == []
+    # Nothing estimated as slow as the reference is walked: a fallback must be faster than the reference trial.
+    tried.clear()
+    assert cheapest_and_fallback([apart, merged], feasible, ceiling=5.0) == [(4.0, ("merged", 4))]
+    assert all(o[1] < 5 for o in tried)
 
 
 def test_estimates_multiply_the_probes_factors_and_slow_probes_are_flagged():

@@ -21,7 +21,9 @@ closed-loop verdicts (the spec's acceptance test on 48 runs of 100 m): agreement
 configurations, false-valid count (region valid, closed loop invalid), and the calibration's cost.
 Where the variants carry stress-stratum errors (the spec's ``calibration.error_data.stress``), the ar1
 region is also scored with the product's stressed coordinates on either base (``ar1+stress``,
-``ar1@dataset+stress``). Writes ``sets.<--set>`` of ``--out`` (other sets kept) and prints a markdown table.
+``ar1@dataset+stress``). The pipeline score (:func:`pipeline`) replays the product's closed-loop path on the
+recorded runs, with each model's region and without one. Writes ``sets.<--set>`` of ``--out`` (other sets kept)
+and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ REFERENCE = {"heading": "h-ref", "distance": "d-ref"}
 def read_closed_loop(folder: Path) -> tuple[dict, list[dict]]:
     """(variant -> {on_policy, dataset} L1 and stratum errors, closed-loop records) of one device run folder."""
     if (folder / "variants.json").exists():
-        variants = {n: {"on_policy": v["on_policy_error"], "dataset": v["dataset_error"], "strata": v.get("strata", {})}
+        variants = {n: {"on_policy": v["on_policy_error"], "dataset": v["dataset_error"], "strata": v.get("strata", {}),
+                        "macs": v.get("macs")}
                     for n, v in json.loads((folder / "variants.json").read_text()).items()}
-    else:  # a run cut off before variants.json existed: its log has the same figures
-        variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"]), "strata": {}}
+    else:  # a run cut off before variants.json existed: its log has the same figures (but no MACs)
+        variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"]), "strata": {}, "macs": None}
                     for m in LOG_LINE.finditer((folder / "fidelity_log.txt").read_text())}
     texts = [p.read_text() for p in sorted((folder / "closed_loop").glob("*.json"))] if (folder / "closed_loop").is_dir() \
         else [t for p in sorted(folder.glob("*.jsonl")) for t in p.read_text().replace("}{", "}\n{").splitlines()]
@@ -78,7 +81,9 @@ def merged(folders: list[Path]) -> tuple[list[dict], dict]:
                     points[kind + STRESSED] = {nn: stressed_coordinate(
                         "l1", variants[rec[nn]][kind], variants[REFERENCE[nn]][kind], variants[rec[nn]]["strata"],
                         variants[REFERENCE[nn]]["strata"]) for nn in NNS}
-            configs[rec["id"]] = {**rec, "points": points, "source": folder.name}
+            macs = [variants[rec[nn]]["macs"] for nn in NNS]
+            configs[rec["id"]] = {**rec, "points": points, "source": folder.name,
+                                  "macs": None if None in macs else sum(macs)}
     return [configs[i] for i in sorted(configs)], reference
 
 
@@ -121,6 +126,58 @@ def score(region, configs: list[dict], coordinates: str) -> dict:
     }
 
 
+def pipeline(configs: list[dict], region_valid: dict | None, goal, test) -> dict:
+    """The product's closed-loop path replayed on the recorded runs: how many runs it spends before a configuration
+    is accepted, and how many configurations reach validation only to fail there.
+
+    The model of the path: the configurations other than the reference pair are taken cheapest first (frame MACs, a
+    latency proxy that needs no target), those the region rejects skipped (``region_valid`` ``None``: no region, every
+    one is run); each runs closed-loop as the product runs it, its first block being the check during the search and
+    the rest validation on the same seeds (:func:`qaopt.closed_loop.replay`, the product's stop rule, on the recorded
+    runs in seed order), until one is valid. A configuration whose check (first block) passed and whose validation
+    then did not end valid reached validation and failed there. Acceptance on fresh seeds, the same for every path,
+    is not counted. Needs per-run records and MACs (``benchmarks/fidelity_closed_loop.py`` writes both since the
+    set ``cropfollow-seed1``); an older set says so instead.
+    """
+    from qaopt.calibrate import Verdict
+    from qaopt.closed_loop import replay
+
+    lacking = [c["id"] for c in configs if "qos" not in c or c["macs"] is None]
+    if lacking:
+        return {"scored": False, "why": f"configurations {lacking} have no per-run records or MACs (recorded before "
+                                        "the closed-loop script kept them)"}
+    order = sorted((c for c in configs if (c["heading"], c["distance"]) != (REFERENCE["heading"], REFERENCE["distance"])),
+                   key=lambda c: (c["macs"], c["id"]))
+    spent, failed_in_validation, accepted = 0, [], None
+    for c in order:
+        if region_valid is not None and not region_valid[c["id"]]:
+            continue
+        passed = [goal.passes(q) for q in c["qos"]]
+        runs, _, verdict = replay(passed, test, len(passed))
+        spent += runs
+        if verdict == Verdict.VALID:
+            accepted = c
+            break
+        if all(passed[:test.min_trials]):
+            failed_in_validation.append(c["id"])
+    cheaper_valid_skipped = [c["id"] for c in order if accepted is not None and c["macs"] < accepted["macs"]
+                             and c["verdict"] == "valid" and region_valid is not None and not region_valid[c["id"]]]
+    return {"scored": True, "runs_to_accept": spent if accepted is not None else None, "runs_spent": spent,
+            "accepted": None if accepted is None else accepted["id"],
+            "accepted_macs": None if accepted is None else accepted["macs"],
+            "false_valid_reaching_validation": len(failed_in_validation),
+            "reached_validation_and_failed": failed_in_validation,
+            "valid_and_cheaper_but_screened_out": cheaper_valid_skipped}
+
+
+def shipped_model(spec, models: dict) -> str:
+    """The model and coordinates the spec ships (``ar1@dataset+stress`` for CropFollow), or the nearest the set has."""
+    data = spec.calibration.error_data
+    name = spec.calibration.error_model + (DATASET_COORDINATES if data.source == "dataset" else "")
+    stressed = name + STRESSED
+    return stressed if data.stress and stressed in models else name
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--closed-loop", type=Path, nargs="+", required=True)
@@ -157,15 +214,25 @@ def main() -> None:
                             "reach": reach(regions["ar1"], reference[coordinates.removesuffix(STRESSED)])}
     best = max(models, key=lambda m: ((models[m]["agreement"] or 0.0), -models[m]["false_valid"],
                                       -models[m]["simulator_runs"]))
+    from qaopt.spec_adapter import acceptance_of, goal_of
+
+    goal, test = goal_of(spec), acceptance_of(spec)
+    for m in models:
+        models[m]["pipeline"] = pipeline(configs, models[m]["region_valid"], goal, test)
+    shipped = shipped_model(spec, models)
+    scores = {"model": shipped, **models[shipped]["pipeline"],
+              "without_region": pipeline(configs, None, goal, test)}
     out = {
         "configurations": len(configs),
         "models": models,
         "best": best,
+        "pipeline": scores,
         "budget": budget,
         "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
         "closed_loop": {"runs": sum(c["runs"] for c in configs), "sources": [str(p) for p in args.closed_loop],
                         "verdicts": {c["id"]: c["verdict"] for c in configs}},
-        "truth": [{k: c[k] for k in ("id", "heading", "distance", "runs", "failures", "verdict", "points", "source")}
+        "truth": [{k: c[k] for k in ("id", "heading", "distance", "runs", "failures", "verdict", "points", "macs",
+                                     "source")}
                   for c in configs],
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%d"),
@@ -188,6 +255,15 @@ def main() -> None:
         print(f"| {m} | {r['decided']} | {agreement} | {r['false_valid']} | {r['simulator_runs']} | {r['seconds']} "
               f"| {up_to} |")
     print(f"\nbest: {best}\n")
+    if scores["scored"]:
+        plain = scores["without_region"]
+        print(f"pipeline ({shipped} region, then closed-loop checks and validation, cheapest first): "
+              f"{scores['runs_to_accept']} runs to accept configuration {scores['accepted']}, "
+              f"{scores['false_valid_reaching_validation']} reaching validation and failing there; without the region: "
+              f"{plain['runs_to_accept']} runs to accept {plain['accepted']}, "
+              f"{plain['false_valid_reaching_validation']} failing in validation\n")
+    else:
+        print(f"pipeline: not scored: {scores['why']}\n")
     names = list(models)
     print("| # | heading | distance | closed loop | " + " | ".join(names) + " |")
     print("|---|---|---|---|" + "---|" * len(names))

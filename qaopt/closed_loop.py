@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +67,38 @@ def acceptable_failures(test: AcceptanceTest, runs: int) -> int:
     return f
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """When a configuration's closed-loop runs stop: after a block, once the acceptance test rejects it or it failed
+    more runs than any acceptance within ``runs`` tolerates, so a failing configuration costs a block or two."""
+
+    test: AcceptanceTest
+    runs: int
+
+    @cached_property
+    def tolerated(self) -> int:
+        return acceptable_failures(self.test, self.runs)
+
+    def after(self, failures: int, done: int) -> tuple[str, bool]:
+        """The verdict to show after ``done`` runs with ``failures``, and whether to stop."""
+        out_of_reach = self.tolerated >= 0 and failures > self.tolerated
+        now = self.test.decide_fixed(failures, done)
+        return ("invalid" if out_of_reach else now.value), out_of_reach or now == Verdict.INVALID
+
+
+def replay(passed: Sequence[bool], test: AcceptanceTest, runs: int) -> tuple[int, int, Verdict]:
+    """What :func:`validate_closed_loop` decides on recorded runs (``passed``, in seed order), without running them:
+    the runs it would spend, their failures, the verdict. Scores the closed-loop checks offline on recorded ground
+    truth (``benchmarks/fidelity.py``)."""
+    rule, done, failures = StopRule(test, runs), 0, 0
+    for seeds in validation_blocks(min(runs, len(passed)), test.min_trials, 0):
+        done += len(seeds)
+        failures += sum(not passed[s] for s in seeds)
+        if rule.after(failures, done)[1]:
+            break
+    return done, failures, test.decide_fixed(failures, done)
+
+
 def validate_closed_loop(
     evaluator: Application,
     nns: Mapping[str, Perception],
@@ -105,7 +137,7 @@ def validate_closed_loop(
     block is not stored.
     """
     check_method(evaluator, "evaluate_perception")
-    tolerated = acceptable_failures(test, runs)
+    rule = StopRule(test, runs)
     records: list[Mapping[str, float]] = []
     failures = 0
     where = f"closed-loop validation of {'the reference NNs' if trial is None else f'trial {trial}'}"
@@ -119,11 +151,10 @@ def validate_closed_loop(
         for block in blocks:
             records += block
             failures += sum(not goal.passes(r[goal.metric]) for r in block)
-            out_of_reach = tolerated >= 0 and failures > tolerated
-            now = test.decide_fixed(failures, len(records))
+            shown, stop = rule.after(failures, len(records))
             if on_block is not None:
-                on_block(BlockProgress(len(records), runs, failures, "invalid" if out_of_reach else now.value))
-            if out_of_reach or now == Verdict.INVALID:
+                on_block(BlockProgress(len(records), runs, failures, shown))
+            if stop:
                 break
     finally:
         blocks.close()

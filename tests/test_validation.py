@@ -10,8 +10,8 @@ import pytest
 
 from qaopt.app_spec import load
 from qaopt.application import ApplicationError
-from qaopt.calibrate import AcceptanceTest
-from qaopt.closed_loop import ValidationBlocks, acceptable_failures, validate_closed_loop
+from qaopt.calibrate import AcceptanceTest, Verdict
+from qaopt.closed_loop import ValidationBlocks, acceptable_failures, replay, validate_closed_loop
 from qaopt.spec_adapter import acceptance_of, goal_of
 
 SPEC = Path(__file__).resolve().parent / "apps" / "tiny.yaml"
@@ -67,6 +67,16 @@ def test_too_few_runs_to_accept_still_run_all_unless_proven_invalid():
     app = ScriptedApp(failing={100})
     v = validate_closed_loop(app, {}, goal_of(spec), acceptance_of(spec), 6, trial=1, region_predicted_valid=True, seed_base=100)
     assert (v.runs, v.failures, v.verdict) == (6, 1, "undecided")
+
+
+@pytest.mark.parametrize(("failing", "runs"), [(set(), 50), ({100 + 9}, 50), ({100}, 6), ({100, 130}, 48), (set(), 6)])
+def test_replay_decides_as_the_runs_did(failing, runs):
+    """Scoring recorded ground truth offline (benchmarks/fidelity.py) spends and decides exactly what running would."""
+    spec = _spec()
+    v = validate_closed_loop(ScriptedApp(failing=failing), {}, goal_of(spec), acceptance_of(spec), runs, trial=1,
+                             region_predicted_valid=True, seed_base=100)
+    passed = [100 + i not in failing for i in range(runs)]
+    assert replay(passed, acceptance_of(spec), runs) == (v.runs, v.failures, Verdict(v.verdict))
 
 
 def test_an_evaluator_without_closed_loop_runs_is_named():

@@ -177,14 +177,25 @@ def _check_sample(target, input_shape: list[int], outputs: int) -> None:
                                      f"{outputs} output(s) need shape (1, {outputs})")
 
 
-def simulator_key(spec: AppSpec, evaluator: object) -> str:
-    """The key of the simulator's cached runs: its spec section and the hash of its package's sources.
+def simulator_sources(src: Path) -> list[Path]:
+    """The code a simulator's runs depend on: the modules beside its evaluator's, and, when they form a subpackage,
+    the modules of the package above (the helpers several simulators share, imported with ``from .. import``)."""
+    folder = src.parent
+    files = sorted(folder.glob("*.py"))
+    if (folder / "__init__.py").exists() and (folder.parent / "__init__.py").exists():
+        files += sorted(folder.parent.glob("*.py"))
+    return files
 
-    Editing the simulator never reuses stale runs, while changing the QoS threshold,
-    the acceptance test, the strategy or the budget reuses every run already made.
+
+def simulator_key(spec: AppSpec, evaluator: object) -> str:
+    """The key of the simulator's cached runs: its spec section and the hash of its sources (:func:`simulator_sources`).
+
+    Editing the simulator, or a helper it shares with other simulators, never reuses stale runs, while changing the
+    QoS threshold, the acceptance test, the strategy or the budget reuses every run already made.
     """
     src = inspect.getsourcefile(type(evaluator))
     code = "unknown"
     if src is not None:
-        code = content_hash([[f.name, file_hash(f)] for f in sorted(Path(src).parent.glob("*.py"))])
+        base = Path(src).parent.parent
+        code = content_hash([[str(f.relative_to(base)), file_hash(f)] for f in simulator_sources(Path(src))])
     return content_hash(spec.evaluator.simulator, code)

@@ -122,3 +122,25 @@ def test_region_option_rejects_an_incompatible_file_with_the_reason(tmp_path):
     assert line.startswith(f"error: --region {given}: calibrated for other inputs") and "QoS goal differs" in line
     both = _qaopt("optimize", str(other), "--region", str(given), "--calibration-budget", "5")
     assert both.returncode == 2 and "give one of them" in both.stderr and "Traceback" not in both.stderr
+
+
+def test_cached_simulator_runs_are_keyed_by_the_helpers_the_simulator_shares(tmp_path, monkeypatch):
+    """Editing a helper module of the package above the simulator's (``from .. import``) must not reuse its runs."""
+    import importlib
+    from types import SimpleNamespace
+
+    from qaopt.spec_adapter import simulator_key
+
+    package = tmp_path / "robotsims"
+    (package / "rows").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "shared.py").write_text("GAIN = 1.0\n")
+    (package / "rows" / "__init__.py").write_text("")
+    (package / "rows" / "evaluator.py").write_text("from .. import shared\n\nclass Evaluator:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    evaluator = importlib.import_module("robotsims.rows.evaluator").Evaluator()
+    spec = SimpleNamespace(evaluator=SimpleNamespace(simulator={"entry_point": "robotsims.rows.evaluator:Evaluator"}))
+    before = simulator_key(spec, evaluator)
+    assert simulator_key(spec, evaluator) == before
+    (package / "shared.py").write_text("GAIN = 2.0\n")
+    assert simulator_key(spec, evaluator) != before

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -317,6 +318,40 @@ def _meta_schedule_console(level: int) -> Iterator[None]:
             ms_logger.addHandler(handler)
 
 
+NATIVE_LOG = "native.log"
+"""Where, in the tuning database's ``logs`` folder, TVM's native warnings of a tuning session go."""
+
+
+@contextmanager
+def native_log(path: Path) -> Iterator[None]:
+    """Send what native code writes to standard error meanwhile to ``path``, and what Python writes to the console.
+
+    TVM's C++ passes log warnings straight to file descriptor 2: a default-profile
+    CropFollow run printed 323 lines of ``rewrite_tensorize.cc: Warning: Tensorize failed``
+    into ``qaopt optimize``'s console, harmless (MetaSchedule tries tensor intrinsics on
+    every block and keeps the schedules where they apply) but burying the run's own
+    lines. Descriptor 2 goes to ``path``; ``sys.stderr`` (what rich's console and Python's
+    warnings write to) is pointed at a copy of the original descriptor, so the console is
+    unchanged. The log is appended to, so a session's warnings stay readable after it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    console = os.dup(2)
+    previous = sys.stderr
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+        encoding = getattr(previous, "encoding", None) or "utf-8"
+        sys.stderr = os.fdopen(os.dup(console), "w", buffering=1, encoding=encoding)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            sys.stderr.close()
+            sys.stderr = previous
+            os.dup2(console, 2)
+            os.close(console)
+
+
 def stop_reason(latencies_ms: list[float], min_gain: float) -> str:
     """Survey tuning's early stop: why to stop after these rounds' whole-model latencies ('' to go on).
 
@@ -418,7 +453,7 @@ class SurveyTuner:
                     population_size=self.population, init_min_unmeasured=max(8, self.population // 4), genetic_num_iters=2)
                 start = time.perf_counter()
                 try:
-                    with _meta_schedule_console(logging.WARNING):
+                    with _meta_schedule_console(logging.WARNING), native_log(Path(work_dir) / NATIVE_LOG):
                         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                             cold, work_dir, strategy=strategy, seed=self.seed + len(report.rounds), num_threads=1)
                         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=n,

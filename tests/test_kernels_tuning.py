@@ -97,3 +97,20 @@ def test_meta_schedule_logger_set_up_survives_a_handler_without_a_name(tmp_path)
         assert handler in logger.handlers  # given back afterwards
     finally:
         logger.removeHandler(handler)
+
+
+def test_native_warnings_go_to_the_tuning_log_and_python_output_to_the_console(tmp_path, capfd):
+    """TVM's C++ warnings (written to descriptor 2) flooded optimize's console; Python's own lines must stay there."""
+    import os
+    import sys
+
+    from qaopt.kernels.tuning import native_log
+
+    log = tmp_path / "logs" / "native.log"
+    with native_log(log):
+        os.write(2, b"rewrite_tensorize.cc:50: Warning: Tensorize failed\n")
+        print("the run's own line", file=sys.stderr)
+    print("after", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "Tensorize" not in err and "the run's own line" in err and "after" in err
+    assert "Tensorize failed" in log.read_text()

@@ -70,6 +70,7 @@ def record(app: str, result_path: Path) -> dict[str, Any]:
         "aware_validation_on": "fresh seeds" if r.acceptance is not None else "selection seeds",
         "aware_selection_validations": [runs_of(v) | {"trial": v.trial} for v in selection],
         "agnostic_validation": agnostic_runs,
+        "validations": [runs_of(v) | {"configuration": v.name} for v in r.validations],
         "aware_accepted": r.aware_accepted,
         "aware_knobs": nns_of(r.aware),
         "agnostic_knobs": nns_of(r.agnostic),

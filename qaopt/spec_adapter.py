@@ -196,6 +196,7 @@ def simulator_key(spec: AppSpec, evaluator: object) -> str:
     src = inspect.getsourcefile(type(evaluator))
     code = "unknown"
     if src is not None:
-        base = Path(src).parent.parent
-        code = content_hash([[str(f.relative_to(base)), file_hash(f)] for f in simulator_sources(Path(src))])
+        own = Path(src).parent  # named relative to it, so moving the project folder keeps its cached runs
+        code = content_hash([[f.name if f.parent == own else f"../{f.name}", file_hash(f)]
+                             for f in simulator_sources(Path(src))])
     return content_hash(spec.evaluator.simulator, code)

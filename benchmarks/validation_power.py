@@ -6,7 +6,8 @@ as the product's stop rule says (:class:`qaopt.closed_loop.StopRule`). When the 
 NNs themselves fail some runs, a configuration exactly as good as the reference is
 accepted only with some probability: that probability, not the region, can decide what a
 run ends with. This script computes it by Monte Carlo over Bernoulli runs replayed with
-the product's own rule (:func:`qaopt.closed_loop.replay`), for the spec's acceptance test
+the product's own rule (:func:`qaopt.closed_loop.replay`), beside the exact figure every run's
+report states (:func:`qaopt.closed_loop.acceptance_probability`), for the spec's acceptance test
 and each profile's run cap, and writes ``docs/benchmarks/validation_power.json``:
 
     .venv/bin/python benchmarks/validation_power.py [--spec examples/cropfollow.yaml] [--draws 20000]
@@ -26,16 +27,18 @@ RATES = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1)
 
 
 def power(test, runs: int, rate: float, draws: int, rng: np.random.Generator) -> dict[str, float]:
-    """P(accept) and the mean runs spent for a configuration failing each run with probability ``rate``."""
+    """P(accept) by simulation and exactly (what every run's report states), and the mean runs spent, for a
+    configuration failing each run with probability ``rate``."""
     from qaopt.calibrate import Verdict
-    from qaopt.closed_loop import replay
+    from qaopt.closed_loop import acceptance_probability, replay
 
     accepted, spent = 0, 0
     for passed in rng.random((draws, runs)) >= rate:
         used, _, verdict = replay(list(passed), test, runs)
         accepted += verdict == Verdict.VALID
         spent += used
-    return {"p_accept": round(accepted / draws, 4), "mean_runs": round(spent / draws, 2)}
+    return {"p_accept": round(accepted / draws, 4), "p_accept_exact": round(acceptance_probability(test, runs, rate), 4),
+            "mean_runs": round(spent / draws, 2)}
 
 
 def main() -> None:
@@ -71,7 +74,8 @@ def main() -> None:
     print("| runs (cap) | failures tolerated | " + " | ".join(f"true rate {r:g}" for r in RATES) + " |")
     print("|---|---|" + "---|" * len(RATES))
     for name, row in rows.items():
-        cells = " | ".join(f"{c['p_accept']:.2f} ({c['mean_runs']:.0f} runs)" for c in row["by_rate"].values())
+        cells = " | ".join(f"{c['p_accept_exact']:.2f} (simulated {c['p_accept']:.2f}, {c['mean_runs']:.0f} runs)"
+                           for c in row["by_rate"].values())
         print(f"| {row['runs']} ({name}) | {row['failures_tolerated']} | {cells} |")
     print(f"\nwrote {args.out}")
 

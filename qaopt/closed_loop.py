@@ -18,6 +18,7 @@ in-search check) reuses the blocks a shorter one ran.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from qaopt.calibrate.app_calls import ApplicationFault, Outcome, RunLimits
 from qaopt.calibrate.blocks import BlockCache, Given, run_blocks, workers_of
 from qaopt.calibrate.protocols import records_problem
 from qaopt.executor import run_perception_block, run_perception_seeds
-from qaopt.result import RunMetric, Validation
+from qaopt.result import RunMetric, Validation, ValidationPower
 
 VALIDATION_SEED_BASE = 5_000_000
 """The seeds that select: the closed-loop checks during the search and the validation of the front, which
@@ -84,6 +85,28 @@ class StopRule:
         out_of_reach = self.tolerated >= 0 and failures > self.tolerated
         now = self.test.decide_fixed(failures, done)
         return ("invalid" if out_of_reach else now.value), out_of_reach or now == Verdict.INVALID
+
+
+POWER_RATES = (0.01, 0.02, 0.05)
+"""True failure rates at which a run's report gives validation's chance of acceptance (a reference-like 1-2 % and
+the usual goal)."""
+
+
+def acceptance_probability(test: AcceptanceTest, runs: int, rate: float) -> float:
+    """The chance that validating a configuration whose runs fail independently at ``rate`` ends accepted.
+
+    Exact: acceptance needs all ``runs`` run with at most :func:`acceptable_failures` failing (every early stop is
+    a rejection), a binomial tail; ``benchmarks/validation_power.py`` checks it against the stop rule replayed.
+    """
+    tolerated = acceptable_failures(test, runs)
+    return sum(math.comb(runs, k) * rate**k * (1 - rate) ** (runs - k) for k in range(tolerated + 1))
+
+
+def validation_power(test: AcceptanceTest, runs: int, rates: Sequence[float] = POWER_RATES) -> ValidationPower:
+    """How strict validation of ``runs`` runs is at ``test``'s goal (:class:`~qaopt.result.ValidationPower`)."""
+    return ValidationPower(runs=runs, tolerated=acceptable_failures(test, runs), max_failure_rate=test.max_failure_rate,
+                           confidence=test.confidence,
+                           accept_probability={f"{r:g}": round(acceptance_probability(test, runs, r), 4) for r in rates})
 
 
 def replay(passed: Sequence[bool], test: AcceptanceTest, runs: int) -> tuple[int, int, Verdict]:

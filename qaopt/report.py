@@ -119,6 +119,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
     lines += ["## Closed-loop validation", "", SEEDS_NOTE, "", _validation_table(finals), ""]
     if finals:
         lines += [METRICS_NOTE, ""]
+    if result.validation_power is not None:
+        lines += [result.validation_power.line, ""]
     checks = result.studies["aware"].closed_loop_checks
     if checks:
         lines += ["### Closed-loop checks during the search", "", CHECKS_NOTE, "", _validation_table(checks), ""]

@@ -163,6 +163,33 @@ FIDELITY_GUIDE = "docs/calibration.md, error models"
 """Where a user reads which error model fits NNs whose real errors the region's model missed."""
 
 
+class ValidationPower(_Model):
+    """How strict closed-loop validation is at the spec's goal: the chance that it accepts a configuration whose runs
+    fail at a given rate. Where the reference NNs themselves fail some runs, a configuration as good as the reference
+    is accepted only with this probability, so one or two failures do not show it worse."""
+
+    runs: int = Field(description="the runs a configuration's validation plans (the profile's validation runs)")
+    tolerated: int = Field(description="the most failures among them that still accept (-1: none can accept)")
+    max_failure_rate: float
+    confidence: float
+    accept_probability: dict[str, float] = Field(description="true failure rate per run -> probability of acceptance")
+
+    @property
+    def line(self) -> str:
+        """The report's sentence."""
+        if self.tolerated < 0:
+            return (f"How strict this is: {self.runs} runs cannot show a failure rate of at most "
+                    f"{self.max_failure_rate:.0%} at {self.confidence:.0%} confidence, so no configuration is accepted; "
+                    "the verdicts only rule configurations out (the default profile runs enough).")
+        chances = ", ".join(f"{float(rate):.0%} of its runs: {p:.2f}" for rate, p in self.accept_probability.items())
+        return (f"How strict this is: {self.runs} runs accept a configuration only with at most {self.tolerated} "
+                f"failing (a failure rate of at most {self.max_failure_rate:.0%} at {self.confidence:.0%} confidence). "
+                f"The chance that a configuration is accepted when it fails {chances}. Where the reference NNs fail "
+                "some runs themselves, a configuration with a failure or two may be no worse than the reference: the "
+                "limit is then the goal's margin over the reference's failure rate, or the runs per verdict, not the "
+                "region (docs/calibration.md, \"How strict validation is\").")
+
+
 class Fidelity(_Model):
     """How well the region predicted closed-loop truth in one run.
 
@@ -400,6 +427,8 @@ class Result(_Model):
         "the chosen aware configuration run again on fresh seeds that no check or validation of the run used: "
         "the verdict that accepts it (None before runs recorded one)"))
     fidelity: Fidelity = Field(description="the region's agreement with closed-loop truth in this run")
+    validation_power: ValidationPower | None = Field(None, description=(
+        "how often validation accepts a configuration by its true failure rate (None before it was recorded)"))
     rebuilt: list[Rebuilt] = Field(default_factory=list, description=(
         "configurations whose NNs were rebuilt into other bytes than the search measured, each re-checked against "
         "the region (empty when every NN used was the one searched)"))

@@ -77,10 +77,13 @@ def test_end_to_end_outputs(tiny_run):
     assert result.aware is not None and result.aware.in_region
     assert result.speedups.aware == pytest.approx(result.reference.latency_ms / result.aware.latency_ms)
     assert result.validations and result.validations[0].runs == 6
+    # The quick profile's 6 runs cannot accept at the tiny app's goal; the report says how strict validation is.
+    assert result.validation_power is not None and result.validation_power.runs == 6
     assert result.agnostic_validation is not None and 1 <= result.agnostic_validation.runs <= 6
     report = (run / "report.md").read_text()
     assert "the application-agnostic configuration passed" in report
     assert "Not searched:\n\n- agnostic.a+b: the merged NN, unpruned" in report
+    assert result.validation_power.line in report
     for section in ("## Outcome", "## Error region", "## Closed-loop validation", "## Search", "region.png", "pareto.png",
                     "### The application-agnostic tolerance", "agnostic_convergence.png"):
         assert section in report

@@ -120,3 +120,23 @@ def test_cached_blocks_resume_a_killed_validation_and_serve_a_longer_one(tmp_pat
     validate_closed_loop(other, {}, *judge, block, trial=1, region_predicted_valid=True, seed_base=100,
                          cache=ValidationBlocks.of(tmp_path, {"a": "pruned-1", "b": "int8-3"}, key, judge[0]))
     assert other.seeds == list(range(100, 100 + block))
+
+
+def test_acceptance_probability_is_what_the_stop_rule_accepts_over_every_outcome():
+    """The report's chances of acceptance, exact, against the product's stop rule over all 2^12 run outcomes."""
+    import itertools
+
+    from qaopt.closed_loop import acceptance_probability, validation_power
+
+    test = AcceptanceTest(0.4, 0.9, 4, 12, block=4)
+    rate = 0.15
+    enumerated = 0.0
+    for outcome in itertools.product((True, False), repeat=12):
+        if replay(list(outcome), test, 12)[2] == Verdict.VALID:
+            failures = outcome.count(False)
+            enumerated += rate**failures * (1 - rate) ** (12 - failures)
+    assert acceptance_probability(test, 12, rate) == pytest.approx(enumerated, rel=1e-9)
+    assert acceptable_failures(test, 12) == 2  # a tail of several terms
+    power = validation_power(AcceptanceTest(0.05, 0.9), 50)
+    assert power.tolerated == 0 and power.accept_probability["0.01"] == pytest.approx(0.99**50, abs=1e-4)
+    assert "0.60" in power.line and validation_power(AcceptanceTest(0.05, 0.9), 6).tolerated == -1

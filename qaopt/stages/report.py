@@ -8,6 +8,7 @@ artifacts alone, and the report is a pure function of it (:func:`qaopt.report.wr
 from __future__ import annotations
 
 from qaopt.agnostic import AgnosticSearch
+from qaopt.closed_loop import validation_power
 from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.report import write_report
 from qaopt.result import Fidelity, Result, Speedups
@@ -61,6 +62,7 @@ class ReportStage(BaseStage):
             acceptance=validated.acceptance,
             fidelity=Fidelity.of(plan.application.error_model, validated.front.validations,
                                  studies["aware"].closed_loop_checks),
+            validation_power=validation_power(plan.application.acceptance, plan.validation_runs),
             rebuilt=reference.ctx.rebuilds,
             studies=studies,
             tuning={"trials_per_candidate": target.tuning.trials, "seconds_per_candidate": target.tuning.seconds},

@@ -180,7 +180,7 @@ class ValidationPower(_Model):
         if self.tolerated < 0:
             return (f"How strict this is: {self.runs} runs cannot show a failure rate of at most "
                     f"{self.max_failure_rate:.0%} at {self.confidence:.0%} confidence, so no configuration is accepted; "
-                    "the verdicts only rule configurations out (the default profile runs enough).")
+                    "the verdicts only rule configurations out (a profile with more validation runs can accept).")
         chances = ", ".join(f"{float(rate):.0%} of its runs: {p:.2f}" for rate, p in self.accept_probability.items())
         return (f"How strict this is: {self.runs} runs accept a configuration only with at most {self.tolerated} "
                 f"failing (a failure rate of at most {self.max_failure_rate:.0%} at {self.confidence:.0%} confidence). "

@@ -249,7 +249,9 @@ def test_auto_keeps_fastest_and_records_failures(tiny, tmp_path, monkeypatch, br
     assert "segfault in vendor kernel" in by["crashing"].error and by["crashing"].measurement is None
     assert "out of registers" in by["failing"].error
     measured = {n: o.measurement.median_ms for n, o in by.items() if o.measurement}
-    assert set(measured) == set(names) - {"crashing", "failing"}
+    # A working backend far slower than the fastest so far (untuned TVM on a loaded machine) may be abandoned.
+    abandoned = {n for n, o in by.items() if o.measurement is None and "not measured further" in (o.error or "")}
+    assert measured and set(measured) | abandoned == set(names) - {"crashing", "failing"}
     assert compiled.backend == min(measured, key=measured.get)
     np.testing.assert_allclose(compiled.run()[0], ref, rtol=1e-4, atol=1e-5)
     assert [r["backend"] for r in compiled.table()] == names

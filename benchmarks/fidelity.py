@@ -190,6 +190,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from qaopt.spec import load_spec
+    from qaopt.spec_adapter import acceptance_of, goal_of
 
     spec = load_spec(args.spec)
     budget = args.budget or spec.calibration.budget
@@ -214,8 +215,6 @@ def main() -> None:
                             "reach": reach(regions["ar1"], reference[coordinates.removesuffix(STRESSED)])}
     best = max(models, key=lambda m: ((models[m]["agreement"] or 0.0), -models[m]["false_valid"],
                                       -models[m]["simulator_runs"]))
-    from qaopt.spec_adapter import acceptance_of, goal_of
-
     goal, test = goal_of(spec), acceptance_of(spec)
     for m in models:
         models[m]["pipeline"] = pipeline(configs, models[m]["region_valid"], goal, test)

@@ -59,7 +59,7 @@ def record(app: str, result_path: Path) -> dict[str, Any]:
     agnostic_runs = runs_of(r.agnostic_validation)
     ratio = r.speedups.aware_over_agnostic
     goal = GOALS[app]
-    validated = all(v is not None and v["runs"] >= VALIDATION_RUNS and v["failures"] == 0
+    validated = all(v is not None and v["runs"] >= VALIDATION_RUNS and v["verdict"] == "valid"
                     for v in (aware_runs, agnostic_runs))
     finished = dt.datetime.fromtimestamp(result_path.stat().st_mtime, dt.timezone.utc)
     return {

@@ -131,6 +131,28 @@ def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallbac
     assert all(o[1] < 5 for o in tried)
 
 
+def test_each_precision_alone_is_a_trial_apart_and_then_on_each_merged_nn():
+    from qaopt.plan import MergePlan
+    from qaopt.search import precision_trials
+
+    group = MergePlan(("heading", "distance"), 300)
+    reference = {"heading.dtype": "fp32", "distance.dtype": "fp32", "lane.dtype": "fp32", group.param: False}
+    knobs = {nn: Knobs() for nn in ("heading", "distance", "lane")}
+    dtypes = [{"dtype": "bf16"}, {"dtype": "int8"}]
+    probes = {"heading": dtypes, "distance": dtypes, "lane": [{"dtype": "int8"}, {"input_scale": 0.5}]}
+    trials = precision_trials(reference, knobs, probes, {group: "heading"})
+    assert trials == [
+        {**reference, "heading.dtype": "bf16", "distance.dtype": "bf16"},
+        {**reference, "heading.dtype": "int8", "distance.dtype": "int8", "lane.dtype": "int8"},
+        {**reference, "lane.input_scale": 0.5},
+        # then the merged NN at each of its lead's probes: merging at full resolution, no other knob
+        {**reference, group.param: True, "heading.dtype": "bf16"},
+        {**reference, group.param: True, "heading.dtype": "int8"},
+    ]
+    assert precision_trials(reference, knobs, {**probes, "heading": []}, {group: "heading"})[-1] == {
+        **reference, "lane.input_scale": 0.5}, "a lead without probes adds no merged trial"
+
+
 def test_estimates_multiply_the_probes_factors_and_slow_probes_are_flagged():
     unit = Unit("heading")
     screening = Screening({unit: 10.0}, {unit: {(("dtype", "int8"),): 0.3, (("input_scale", 0.5),): 0.25,

@@ -1,0 +1,128 @@
+"""How long a merged NN must be distilled before the closed loop keeps it (issue #30).
+
+    python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--runs 48] [--workers 2]
+        [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
+
+For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
+that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
+the lead the product picks), in int8 at full resolution with no other knob; measures each member's error on its own
+validation data against its reference NN's; and runs the merged NN in the closed loop: ``--runs`` seeded runs of
+the spec's run length, the seeds ``qaopt optimize``'s validation draws, judged with the spec's acceptance test on
+the fixed set of runs. Each finished length is kept in ``<json folder>/merge_distillation/<steps>.json`` and
+skipped on a re-run (a lost machine costs one length). Writes ``--json``: the machine, the date, the command and one
+row per length (errors, ratios to the references, failed runs by index, verdict, build and loop seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BLOCK = 8
+
+
+def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
+    """One block of closed-loop runs on a worker, the simulator built there from the spec's entry point."""
+    import torch
+
+    from qaopt.app_spec import load_entry_point
+
+    torch.set_num_threads(1)
+    return load_entry_point(params["entry_point"])(**params["params"]).evaluate_perception(nns, seeds)
+
+
+def cpu_model() -> str:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                platform.processor())
+
+
+def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
+    from qaopt import kernels
+    from qaopt.approx import KnobSpace, TargetNN, build
+    from qaopt.approx.merge import MergeGroup, build_merged
+    from qaopt.closed_loop import VALIDATION_SEED_BASE
+    from qaopt.executor import ShippedNN
+    from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of
+
+    cache = args.cache_dir or cache_dir_of(spec)
+    merge = spec.search.merge[0]
+    nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in merge.nns}
+    group = MergeGroup(tuple(nns[n] for n in merge.nns), steps)
+    lead = group.lead().name
+    knobs = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")
+    reference = {n: build(t, knobs.model_copy(update={"dtype": "fp32"}), cache_dir=cache, onnx=kernels.onnx).error
+                 for n, t in nns.items()}
+    start = time.perf_counter()
+    views = build_merged(group, knobs, cache_dir=cache, onnx=kernels.onnx,
+                         progress=lambda message: print(f"  {message}", flush=True))
+    build_s = time.perf_counter() - start
+    print(f"{steps} steps: " + ", ".join(f"{n} {v.error:.4g} ({v.error / reference[n]:.3f}x)" for n, v in views.items())
+          + f" ({build_s:.0f} s)", flush=True)
+    shipped = {n: ShippedNN(v) for n, v in views.items()}
+    params = {"entry_point": spec.evaluator.simulator.entry_point, "params": dict(spec.evaluator.simulator.params)}
+    seeds = [VALIDATION_SEED_BASE + i for i in range(args.runs)]
+    start = time.perf_counter()
+    blocks = [pool.submit(run_block, params, shipped, seeds[b : b + BLOCK]) for b in range(0, len(seeds), BLOCK)]
+    records = [r for f in blocks for r in f.result()]
+    goal, test = goal_of(spec), acceptance_of(spec)
+    failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]
+    row = {"steps": steps, "lead": lead, "knobs": {"dtype": "int8", "input_scale": 1.0},
+           "error": {n: v.error for n, v in views.items()}, "reference_error": reference,
+           "error_ratio": {n: round(v.error / reference[n], 4) for n, v in views.items()},
+           "runs": len(records), "failures": len(failed), "failed_runs": failed,
+           "verdict": test.decide_fixed(len(failed), len(records)).value,
+           "build_s": round(build_s, 1), "loop_s": round(time.perf_counter() - start, 1)}
+    print(f"{steps} steps: {len(failed)}/{len(records)} runs failed {failed} -> {row['verdict']}", flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", type=Path, default=REPO / "examples" / "cropfollow.yaml")
+    ap.add_argument("--steps", type=int, nargs="+", default=[300, 1200, 3000])
+    ap.add_argument("--runs", type=int, default=48)
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
+    ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "merge_distillation.json")
+    args = ap.parse_args()
+
+    import torch
+
+    from qaopt.spec import load_spec
+
+    spec = load_spec(args.spec)
+    if not spec.search.merge:
+        sys.exit(f"{args.spec}: search.merge: the spec has no merge group to distil")
+    done = args.json.parent / "merge_distillation"
+    done.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        for steps in args.steps:
+            path = done / f"{steps}.json"
+            if path.exists():
+                rows.append(json.loads(path.read_text()))
+                continue
+            row = measure(steps, args, spec, pool)
+            path.write_text(json.dumps(row, indent=1))
+            rows.append(row)
+    out = {"machine": {"cpu_count": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
+                       "python": platform.python_version(), "torch": torch.__version__},
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": " ".join(["python", *sys.argv]),
+           "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
+           "acceptance": spec.qos.acceptance.model_dump(), "rows": rows}
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,8 +8,8 @@ that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:fun
 the lead the product picks), in int8 at full resolution with no other knob; measures each member's error on its own
 validation data against its reference NN's; and runs the merged NN in the closed loop: ``--runs`` seeded runs of
 the spec's run length, the seeds ``qaopt optimize``'s validation draws, judged with the spec's acceptance test on
-the fixed set of runs. Each finished length is kept in ``<json folder>/merge_distillation/<steps>.json`` and
-skipped on a re-run (a lost machine costs one length). Writes ``--json``: the machine, the date, the command and one
+the fixed set of runs. Each finished length is kept in ``<cache>/merge_distillation/<steps>.json`` and skipped on
+a re-run (a lost machine costs one length). Writes ``--json``: the machine, the date, the command and one
 row per length (errors, ratios to the references, failed runs by index, verdict, build and loop seconds).
 """
 
@@ -102,7 +102,9 @@ def main() -> None:
     spec = load_spec(args.spec)
     if not spec.search.merge:
         sys.exit(f"{args.spec}: search.merge: the spec has no merge group to distil")
-    done = args.json.parent / "merge_distillation"
+    from qaopt.spec_adapter import cache_dir_of
+
+    done = (args.cache_dir or cache_dir_of(spec)) / "merge_distillation"
     done.mkdir(parents=True, exist_ok=True)
     rows = []
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:

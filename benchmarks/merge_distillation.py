@@ -98,12 +98,11 @@ def main() -> None:
     import torch
 
     from qaopt.spec import load_spec
+    from qaopt.spec_adapter import cache_dir_of
 
     spec = load_spec(args.spec)
     if not spec.search.merge:
         sys.exit(f"{args.spec}: search.merge: the spec has no merge group to distil")
-    from qaopt.spec_adapter import cache_dir_of
-
     done = (args.cache_dir or cache_dir_of(spec)) / "merge_distillation"
     done.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -39,12 +39,6 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
     return load_entry_point(params["entry_point"])(**params["params"]).evaluate_perception(nns, seeds)
 
 
-def cpu_model() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-                platform.processor())
-
-
 def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
     from qaopt import kernels
     from qaopt.approx import KnobSpace, TargetNN, build
@@ -97,6 +91,7 @@ def main() -> None:
 
     import torch
 
+    from qaopt import kernels
     from qaopt.spec import load_spec
     from qaopt.spec_adapter import cache_dir_of
 
@@ -115,7 +110,7 @@ def main() -> None:
             row = measure(steps, args, spec, pool)
             path.write_text(json.dumps(row, indent=1))
             rows.append(row)
-    out = {"machine": {"cpu_count": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
+    out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform(),
                        "python": platform.python_version(), "torch": torch.__version__},
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": " ".join(["python", *sys.argv]),

@@ -46,7 +46,7 @@ from qaopt.events import Trial as TrialEvent
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
 from qaopt.plan import MergePlan, RunPlan
-from qaopt.seeding import Probe, Unit, informed_trials
+from qaopt.seeding import Unit, informed_trials, precision_trials
 from qaopt.stress import StressSet, cached_errors, stressed_coordinate
 from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
 from qaopt.result import AgnosticRule, Configuration, NNTolerance, Rebuilt, StudySummary, TrialRecord, Validation
@@ -534,30 +534,6 @@ def run_study(
 
     optimize_until(study, lambda: Objective(ctx, region, events), plan.trials, on_done)
     return study
-
-
-def precision_trials(reference: Mapping[str, Any], knobs: Mapping[str, Knobs], probes: Mapping[str, Sequence[Probe]],
-                     leads: Mapping[MergePlan, str]) -> list[dict[str, Any]]:
-    """The trial parameters of each precision probe alone, no other knob: first on every NN apart that has it (what
-    accuracy-preserving compression tries first), then on each merge group's merged NN (``leads``: each group's
-    lead, whose knobs the merged NN takes). ``reference`` is the reference trial's parameters.
-
-    Merging at full resolution gets trials of its own because the informed walk bisects over every knob at once
-    and may never build it, while a well-distilled merged NN keeps the references' accuracy (docs/knobs.md,
-    "How long to distil").
-    """
-    trials = []
-    for probe in [dict(p) for p in dict.fromkeys(tuple(sorted(p.items())) for ps in probes.values() for p in ps)]:
-        changed = {f"{nn}.{knob}": value for nn, k in knobs.items() if probe in probes[nn]
-                   for knob, value in probe.items() if getattr(k, knob) != value}
-        if changed:
-            trials.append({**reference, **changed})
-    for group, lead in leads.items():
-        for probe in probes[lead]:
-            changed = {f"{lead}.{knob}": value for knob, value in probe.items() if getattr(knobs[lead], knob) != value}
-            if changed:
-                trials.append({**reference, group.param: True, **changed})
-    return trials
 
 
 def open_study(name: str, storage: BaseStorage, seed: int, objectives: int) -> optuna.Study:

@@ -29,7 +29,7 @@ knobs make it the one to fall back on when closed-loop runs reject the cheapest 
 region is a model of the application; validation takes the fastest configuration that
 passes, so a fallback that is already built and measured costs one cached trial). A
 probe the screening found slower than the reference on every unit is not tried as a
-trial.
+trial. Then come each precision alone, apart and on each merged NN (:func:`precision_trials`).
 """
 
 from __future__ import annotations
@@ -226,6 +226,30 @@ def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasibl
         return []
     cheapest, dearest = min(found, key=lambda f: f[0]), max(found, key=lambda f: f[0])
     return [cheapest] + ([dearest] if dearest is not cheapest else [])
+
+
+def precision_trials(reference: Mapping[str, Any], knobs: Mapping[str, Knobs], probes: Mapping[str, Sequence[Probe]],
+                     leads: Mapping[MergePlan, str]) -> list[dict[str, Any]]:
+    """The trial parameters of each precision probe alone, no other knob: first on every NN apart that has it (what
+    accuracy-preserving compression tries first), then on each merge group's merged NN (``leads``: each group's
+    lead, whose knobs the merged NN takes). ``reference`` is the reference trial's parameters.
+
+    Merging at full resolution gets trials of its own because the walk bisects over every knob at once and may
+    never build it, while a well-distilled merged NN keeps the references' accuracy (docs/knobs.md, "How long to
+    distil").
+    """
+    def changed(nn: str, probe: Probe) -> dict[str, Any]:
+        return {f"{nn}.{knob}": value for knob, value in probe.items() if getattr(knobs[nn], knob) != value}
+
+    trials = []
+    for probe in [dict(p) for p in dict.fromkeys(tuple(sorted(p.items())) for ps in probes.values() for p in ps)]:
+        apart = {k: v for nn in knobs if probe in probes[nn] for k, v in changed(nn, probe).items()}
+        if apart:
+            trials.append({**reference, **apart})
+    for group, lead in leads.items():
+        trials += [{**reference, group.param: True, **changed(lead, probe)} for probe in probes[lead]
+                   if changed(lead, probe)]
+    return trials
 
 
 def _describe(choice: Mapping[Unit, tuple[Probe, ...]]) -> str:

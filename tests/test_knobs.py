@@ -133,7 +133,7 @@ def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallbac
 
 def test_each_precision_alone_is_a_trial_apart_and_then_on_each_merged_nn():
     from qaopt.plan import MergePlan
-    from qaopt.search import precision_trials
+    from qaopt.seeding import precision_trials
 
     group = MergePlan(("heading", "distance"), 300)
     reference = {"heading.dtype": "fp32", "distance.dtype": "fp32", "lane.dtype": "fp32", group.param: False}

@@ -90,8 +90,13 @@ def cast(model: nn.Module, torch_dtype: str | None) -> nn.Module:
 
 
 def predict_torch(model: nn.Module, x: np.ndarray, batch: int = 32, device: str = "cpu") -> np.ndarray:
-    """Outputs of a torch module in its own dtype, as float32 numpy; run on ``device``, the module left on the CPU."""
-    dtype = next(model.parameters()).dtype
+    """Outputs of a torch module in its own dtype, as float32 numpy; run on ``device``, the module left where it was.
+
+    A module that already lives on ``device`` stays there without a copy, so a caller that runs it frame by frame
+    (a closed-loop run on a GPU) places it once.
+    """
+    first = next(model.parameters())
+    dtype, home = first.dtype, first.device
     outs = []
     model.to(device)
     try:
@@ -100,7 +105,7 @@ def predict_torch(model: nn.Module, x: np.ndarray, batch: int = 32, device: str 
                 chunk = torch.from_numpy(np.asarray(x[i : i + batch], dtype=np.float32)).to(device, dtype)
                 outs.append(model(chunk).float().cpu().numpy())
     finally:
-        model.cpu()
+        model.to(home)
     return np.concatenate(outs)
 
 

@@ -10,6 +10,12 @@ Four steps, the first three run on the GPU machine:
     Whether ``qaopt optimize --profile quick`` of a GPU spec finished: ``result.json``, the
     report and every NN's artifacts present, and no failed trial in its Optuna studies.
 
+``default RUN_DIR --seconds S``
+    A default-profile run of a GPU spec (compact or ResNet-18): whether it finished as the quick
+    step checks, its aware-over-agnostic ratio with the interval of the side-by-side stage, each
+    side's configuration (NNs, knobs, backend, ms) and closed-loop verdicts (selection and fresh
+    acceptance seeds), and whether the aware NNs are inside the region by their measured errors.
+
 ``latency RUN_DIR``
     Each NN the run chose (``RUN_DIR/artifacts/<nn>/module.pt``, the bytes qaopt validated and
     measured; a merged NN once) is timed here in every way one would run it at batch 1, each
@@ -32,9 +38,11 @@ Four steps, the first three run on the GPU machine:
 
     python benchmarks/gpu.py install --pip-log pip.log --pip-status 0 --junit junit.xml --out $OUT/install.json
     python benchmarks/gpu.py quick examples/runs/cropfollow-gpu --seconds 512 --out $OUT/quick.json
+    python benchmarks/gpu.py default examples/runs/cropfollow-resnet18-gpu --seconds 1500 --out $OUT/resnet18.json
     python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune]
     python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json
-    python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json
+    python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json \
+        --compact compact.json --resnet18 resnet18.json
 
 A step left out of ``assemble`` keeps its section of the existing ``gpu.json``.
 """
@@ -173,6 +181,39 @@ def quick(run_dir: Path, seconds: float, out: Path) -> dict:
     return record
 
 
+def _side(config: dict | None) -> dict | None:
+    """One side of the comparison as the record keeps it: each NN's knobs, backend and ms, the frame's ms."""
+    if not config:
+        return None
+    return {"trial": config.get("trial"), "frame_ms": config["latency_ms"], "in_region": config.get("in_region"),
+            "errors": config.get("errors"), "schedule": config.get("schedule"),
+            "nns": {nn: {"knobs": c["knobs"], "backend": c["backend"], "ms": c["latency_ms"],
+                         "serves": c.get("serves", [])} for nn, c in config["nns"].items()}}
+
+
+def default(run_dir: Path, seconds: float, out: Path) -> dict:
+    """A default-profile GPU run: completion (as :func:`quick`), the ratio with its interval, both sides' verdicts."""
+    record = quick(run_dir, seconds, out)
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else None
+    if result:
+        intervals = result["speedups"].get("intervals", {})
+        fresh = {v.get("label") or f"trial {v['trial']}": v for v in [result.get("acceptance"),
+                                                                      result.get("agnostic_validation")] if v}
+        record.update({
+            "aware_over_agnostic": result["speedups"]["aware_over_agnostic"],
+            "interval": intervals.get("aware_over_agnostic", {}).get("ci"),
+            "interval_note": intervals.get("aware_over_agnostic", {}).get("note"),
+            "aware": _side(result.get("aware")), "agnostic": _side(result.get("agnostic")),
+            "reference_frame_ms": result["reference"]["latency_ms"],
+            "selection": [{k: v[k] for k in ("trial", "runs", "failures", "verdict")} for v in result["validations"]],
+            "acceptance_fresh_seeds": {name: {k: v[k] for k in ("runs", "failures", "verdict", "seed_base")}
+                                       for name, v in fresh.items()},
+            "agnostic_converged": result.get("agnostic_converged"),
+        })
+    _write(out, record)
+    return record
+
+
 def _write(out: Path, record: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
@@ -253,7 +294,7 @@ def reference(spec_path: Path, out: Path) -> dict:
 
 
 def assemble(out: Path, install: Path | None = None, quick: Path | None = None, latency_json: Path | None = None,
-             reference_json: Path | None = None) -> dict:
+             reference_json: Path | None = None, compact: Path | None = None, resnet18: Path | None = None) -> dict:
     """``gpu.json``: the keys the GPU issue asks for, each from the step that measured it, with its machine and date.
 
     A step not given keeps its section from the existing file (each section says when and where it was
@@ -277,9 +318,10 @@ def assemble(out: Path, install: Path | None = None, quick: Path | None = None, 
         "latency_vs_best": {nn: row["latency_vs_best"] for nn, row in lat["nns"].items()},
         "latency": lat,
         **({"reference": reference} if reference else {}),
-        # the default-profile comparison (ResNet-18) is written by its own run; kept when this step re-runs
-        **({"resnet18": previous["resnet18"]} if "resnet18" in previous else {}),
     }
+    for key, path in (("compact", compact), ("resnet18", resnet18)):  # the default-profile runs, kept when not given
+        if path is not None or key in previous:
+            record[key] = json.loads(path.read_text()) if path is not None else previous[key]
     _write(out, record)
     return record
 
@@ -298,6 +340,11 @@ def main() -> None:
     q.add_argument("run_dir", type=Path)
     q.add_argument("--seconds", type=float, required=True)
     q.add_argument("--out", type=Path, required=True)
+    d = sub.add_parser("default", help="a default-profile run's record: completion, ratio, verdicts")
+    d.set_defaults(step=lambda args: default(args.run_dir, args.seconds, args.out))
+    d.add_argument("run_dir", type=Path)
+    d.add_argument("--seconds", type=float, required=True)
+    d.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("latency", help="time the run's chosen NNs in every mode")
     p.set_defaults(step=lambda args: latency(args.run_dir, args.out, args.max_autotune))
     p.add_argument("run_dir", type=Path)
@@ -308,11 +355,14 @@ def main() -> None:
     r.add_argument("spec", type=Path)
     r.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
-    a.set_defaults(step=lambda args: assemble(args.json, args.install, args.quick, args.latency, args.reference))
+    a.set_defaults(step=lambda args: assemble(args.json, args.install, args.quick, args.latency, args.reference,
+                                              args.compact, args.resnet18))
     a.add_argument("--install", type=Path, help="the install step's JSON (default: keep the file's section)")
     a.add_argument("--quick", type=Path, help="the quick step's JSON (default: keep the file's section)")
     a.add_argument("--latency", type=Path, help="the latency step's JSON (default: keep the file's section)")
     a.add_argument("--reference", type=Path, help="the reference step's JSON, kept under 'reference'")
+    a.add_argument("--compact", type=Path, help="the compact spec's default run (the default step's JSON)")
+    a.add_argument("--resnet18", type=Path, help="the ResNet-18 spec's default run (the default step's JSON)")
     a.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()
     args.step(args)

@@ -196,6 +196,12 @@ class RunPlan:
         """The threads the target runs on (the in-process closed-loop runs render with as many)."""
         return self.target.threads or 1
 
+    @property
+    def loop_device(self) -> str:
+        """Where the candidate NNs run in closed-loop runs: the target's GPU for a CUDA target (the kernels and
+        numerics they are deployed with), else this machine's CPU (a remote board's loop runs here)."""
+        return "cuda" if self.target.device == "cuda" else "cpu"
+
 
 def build_plan(
     spec: AppSpec, profile: str | Profile = "default", *, out: str | Path | None = None, storage: str | None = None,

@@ -68,3 +68,25 @@ def test_auto_on_cuda_records_every_backend():
     assert {"torch", "torch[cuda_graph]", "torch-compile", "onnxruntime"} <= set(outcomes)
     assert outcomes["torch"].measurement is not None and outcomes["torch-compile"].measurement is not None
     assert compiled.backend in ("torch", "torch[cuda_graph]", "torch-compile", "onnxruntime")
+
+
+def test_a_shipped_nn_runs_in_the_loop_on_the_gpu_and_the_candidate_stays_on_the_cpu():
+    """Closed-loop workers of a GPU target run the NN on the GPU (``RunPlan.loop_device``), placed once."""
+    import pickle
+    from types import SimpleNamespace
+
+    from qaopt.executor import ShippedNN
+
+    model = Centred().eval().half()
+    shipped = pickle.loads(pickle.dumps(ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=None, columns=None),
+                                                  "cuda")))
+    x = np.random.default_rng(0).random((2, 3, 16, 16), dtype=np.float32)
+    first = shipped(x)
+    assert next(shipped._placed.parameters()).device.type == "cuda"
+    assert next(model.parameters()).device.type == "cpu"
+    placed = shipped._placed
+    np.testing.assert_allclose(shipped(x), first)
+    assert shipped._placed is placed
+    with torch.inference_mode():
+        expected = model.float()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(first, expected, rtol=2e-2, atol=2e-2)

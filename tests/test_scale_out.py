@@ -98,6 +98,16 @@ def test_local_pool_runs_a_killed_workers_task_again(tmp_path):
         assert [f.result(timeout=60) for f in futures] == [7, 1, 2, 4, 8, 16, 32]
 
 
+def test_settling_a_local_pool_waits_for_the_tasks_still_running():
+    """What validation leaves running after its verdict ends before the side-by-side stage times frames."""
+    with LocalPool(1) as pool:
+        assert pool.settle() == 0
+        running = pool.submit(time.sleep, 1.5)
+        assert executor_module.settle(pool) == 1
+        assert running.done() and pool.settle() == 0
+    assert executor_module.settle(None) == 0
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores")
 def test_local_pool_workers_keep_off_the_reserved_cores():
     # Start from every core: in the full suite an earlier test can leave this thread pinned to one.
@@ -153,6 +163,26 @@ def test_a_shipped_int8_nn_runs_its_bytes_in_kernels_session(tmp_path):
     options = shipped._session.get_session_options()
     assert options.intra_op_num_threads == 1 and options.inter_op_num_threads == 1
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_a_shipped_torch_nn_keeps_its_device_and_leaves_the_candidate_where_it_was():
+    """A GPU target's NNs run in the loop on its GPU (tests/test_gpu_target.py runs that); the device travels with
+    the NN to the worker, and on the CPU the module runs in place."""
+    import pickle
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).eval()
+    shipped = executor_module.ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=None, columns=[1]), "cuda")
+    assert pickle.loads(pickle.dumps(shipped)).device == "cuda"
+    on_cpu = pickle.loads(pickle.dumps(executor_module.ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=None,
+                                                                                 columns=[1]))))
+    x = np.random.default_rng(0).random((5, 3), dtype=np.float32)
+    np.testing.assert_allclose(on_cpu(x), model(torch.from_numpy(x)).detach().numpy()[:, [1]], rtol=1e-5, atol=1e-6)
+    assert on_cpu._placed is on_cpu.module and next(model.parameters()).device.type == "cpu"
 
 
 @pytest.mark.parametrize("failing", [(), (112,), (100, 140)])

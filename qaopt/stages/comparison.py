@@ -8,7 +8,9 @@ processes "not comparable". So before the report, the three are compiled again o
 backends their measurements chose and timed in interleaved rounds in this process
 (:func:`qaopt.kernels.compare_frames`); the latencies and speedups in ``result.json`` are
 these. Nothing is cached: the stage costs seconds, and a figure read back from an earlier
-process would defeat it.
+process would defeat it. It first waits for the closed-loop runs still in flight on the run's
+local pool (:func:`qaopt.executor.settle`): validation's last blocks go on after its verdict,
+and frames timed beside them are not the target's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from qaopt import kernels
+from qaopt.executor import settle
 from qaopt.measuring import compile_choice, frame_models, latency_of
 from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.result import Configuration
@@ -69,5 +72,9 @@ class ComparisonStage(BaseStage):
     def run(self, run: StageRun, inputs) -> dict[str, Configuration | None]:
         reference: Reference = inputs["reference NNs"]
         validated: Validated = inputs["closed-loop validation"]
+        waited = settle(run.executor)
+        if waited:
+            run.emitter(self.name).note(f"waited for {waited} task(s) of closed-loop runs still in flight, so that "
+                                        "nothing else runs while the frames are timed")
         return side_by_side(reference.ctx, {"reference": reference.configuration, "aware": validated.front.chosen,
                                             "agnostic": validated.agnostic})

@@ -144,7 +144,10 @@ def validate_configuration(
     plan = ctx.plan
     app = plan.application
     runs = plan.validation_runs if runs is None else runs
-    key = content_hash("validation", _candidates(config), runs, app.evaluation_key, seed_base)
+    device = plan.loop_device
+    # Where the NNs run is part of how the application was evaluated (a GPU's fp16 kernels are not the CPU's).
+    evaluation = app.evaluation_key if device == "cpu" else f"{app.evaluation_key}@{device}"
+    key = content_hash("validation", _candidates(config), runs, evaluation, seed_base)
     path = ctx.cache_dir / "optimize" / "validation" / f"{key}.json"
     labels = {"trial": config.trial, "region_predicted_valid": config.in_region}
     name = configuration or ("reference" if config.trial is None else f"trial {config.trial}")
@@ -162,13 +165,13 @@ def validate_configuration(
             events.emit(RunBlock(events.stage, name, step.runs, step.planned, step.failures, step.verdict))
 
     show(BlockProgress(0, runs, 0, "undecided"))
-    if executor is None:
+    if executor is None and device == "cpu":
         nns, parallel = {n: c.predict for n, c in candidates.items()}, {}
     else:
-        nns = {n: ShippedNN(c) for n, c in candidates.items()}
-        parallel = {"executor": executor, "remote": app.remote()}
+        nns = {n: ShippedNN(c, device) for n, c in candidates.items()}
+        parallel = {} if executor is None else {"executor": executor, "remote": app.remote()}
     # Each finished block of runs is kept: a killed validation resumes after it, a longer one of these NNs reuses it.
-    blocks = ValidationBlocks.of(ctx.cache_dir, _candidates(config), app.evaluation_key, app.goal)
+    blocks = ValidationBlocks.of(ctx.cache_dir, _candidates(config), evaluation, app.goal)
     validation = validate_closed_loop(
         app.evaluator(), nns, app.goal, app.acceptance, runs,
         threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, limits=app.limits,

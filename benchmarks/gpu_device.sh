@@ -9,6 +9,16 @@
 #   quick    `qaopt optimize examples/cropfollow-gpu.yaml --profile quick`, timed, summarized by gpu.py quick
 #   quick-bg the same, started in the background (its record is written when it ends); `wait` waits for it
 #   latency  benchmarks/gpu.py latency on that run's chosen NNs
+#   default-compact, default-resnet18
+#            `qaopt optimize` of examples/cropfollow-gpu.yaml or examples/cropfollow-resnet18-gpu.yaml with the
+#            default profile, started in the background, each on a GPU and a half of the cores of its own where the
+#            machine has two GPUs (the first half and GPU 0 for ResNet-18), so that two runs never share a GPU or
+#            a measured core; its record (gpu.py default) is written when it ends
+#            (its log and records in $BG, /tmp/qaopt-gpu-bg: a later call's $OUT is another folder)
+#   progress the last lines of each background run's log
+#   wait-default  wait for the background default runs to end
+#   collect  copy the background runs' logs and records into this call's $OUT
+#   latency-compact, latency-resnet18  benchmarks/gpu.py latency on that default run's chosen NNs, on its GPU
 #
 # Records land in $OUT (install.json, quick.json, latency.json and the logs). Each step resumes what an
 # earlier call on the same warm machine left (the install, the run's caches).
@@ -20,7 +30,21 @@ OUT=${OUT:-/tmp/qaopt-gpu-out}
 PY=${QAOPT_GPU_PYTHON:-/opt/torch/.venv/bin/python}
 BIN=$(dirname "$PY")
 RUN=examples/runs/cropfollow-gpu
-mkdir -p "$OUT"
+BG=/tmp/qaopt-gpu-bg
+mkdir -p "$OUT" "$BG"
+
+# A default run's spec, run folder, GPU and cores: $1 is compact or resnet18.
+placement() {
+  local half=$(( $(nproc) / 2 )) gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  case $1 in
+    resnet18) SPEC=examples/cropfollow-resnet18-gpu.yaml; DIR=examples/runs/cropfollow-resnet18-gpu; GPU=0
+              CORES="0-$(( half - 1 ))" ;;
+    compact)  SPEC=examples/cropfollow-gpu.yaml; DIR=examples/runs/cropfollow-gpu; GPU=$(( gpus > 1 ? 1 : 0 ))
+              CORES="$half-$(( $(nproc) - 1 ))" ;;
+    *) echo "unknown default run '$1' (compact, resnet18)"; exit 2 ;;
+  esac
+}
 
 for step in "$@"; do
   case $step in
@@ -53,6 +77,34 @@ for step in "$@"; do
     latency)
       "$PY" benchmarks/gpu.py latency "$RUN" --out "$OUT/latency.json"
       ;;
-    *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency)"; exit 2 ;;
+    default-compact|default-resnet18)
+      name=${step#default-}; placement "$name"
+      # Each run its own lock folder: the two GPUs are two devices, measured at the same time.
+      setsid nohup env CUDA_VISIBLE_DEVICES=$GPU QAOPT_LOCK_DIR=/tmp/qaopt-locks-$name taskset -c "$CORES" bash -c "
+        start=\$(date +%s)
+        '$BIN/qaopt' optimize '$SPEC' --profile default > '$BG/$name.log' 2>&1
+        echo \"exit \$?\" >> '$BG/$name.log'
+        '$PY' benchmarks/gpu.py default '$DIR' --seconds \$(( \$(date +%s) - start )) --out '$BG/$name.json'
+        cp '$DIR/result.json' '$BG/$name-result.json'; cp '$DIR/report.md' '$BG/$name-report.md'" \
+        > "$BG/$name-bg.log" 2>&1 < /dev/null &
+      echo "$name: $SPEC on GPU $GPU, cores $CORES"
+      ;;
+    progress)
+      for name in resnet18 compact; do
+        [ -f "$BG/$name.log" ] && { echo "== $name"; tail -c 1500 "$BG/$name.log" | tr '\r' '\n' | tail -12; }
+      done
+      ;;
+    collect)
+      cp -r "$BG"/. "$OUT"/
+      ;;
+    wait-default)
+      while pgrep -f "qaopt optimize" > /dev/null; do sleep 5; done
+      ;;
+    latency-compact|latency-resnet18)
+      name=${step#latency-}; placement "$name"
+      CUDA_VISIBLE_DEVICES=$GPU taskset -c "$CORES" "$PY" benchmarks/gpu.py latency "$DIR" --out "$OUT/latency-$name.json"
+      ;;
+    *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
+            "progress, wait-default, collect, latency-compact, latency-resnet18)"; exit 2 ;;
   esac
 done

@@ -42,7 +42,7 @@ Four steps, the first three run on the GPU machine:
     python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune]
     python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json
     python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json \
-        --compact compact.json --resnet18 resnet18.json
+        --compact compact.json --resnet18 resnet18.json --resnet18-latency latency-resnet18.json
 
 A step left out of ``assemble`` keeps its section of the existing ``gpu.json``.
 """
@@ -294,7 +294,8 @@ def reference(spec_path: Path, out: Path) -> dict:
 
 
 def assemble(out: Path, install: Path | None = None, quick: Path | None = None, latency_json: Path | None = None,
-             reference_json: Path | None = None, compact: Path | None = None, resnet18: Path | None = None) -> dict:
+             reference_json: Path | None = None, compact: Path | None = None, resnet18: Path | None = None,
+             resnet18_latency: Path | None = None) -> dict:
     """``gpu.json``: the keys the GPU issue asks for, each from the step that measured it, with its machine and date.
 
     A step not given keeps its section from the existing file (each section says when and where it was
@@ -322,6 +323,12 @@ def assemble(out: Path, install: Path | None = None, quick: Path | None = None, 
     for key, path in (("compact", compact), ("resnet18", resnet18)):  # the default-profile runs, kept when not given
         if path is not None or key in previous:
             record[key] = json.loads(path.read_text()) if path is not None else previous[key]
+    if resnet18_latency is not None:  # the ResNet-18 run's chosen NNs timed by the latency step
+        if "resnet18" not in record:
+            raise SystemExit("--resnet18-latency needs the ResNet-18 run's record: give --resnet18")
+        lat18 = json.loads(resnet18_latency.read_text())
+        record["resnet18"] = {**record["resnet18"], "latency": lat18,
+                              "latency_vs_best": {nn: row["latency_vs_best"] for nn, row in lat18["nns"].items()}}
     _write(out, record)
     return record
 
@@ -356,13 +363,14 @@ def main() -> None:
     r.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
     a.set_defaults(step=lambda args: assemble(args.json, args.install, args.quick, args.latency, args.reference,
-                                              args.compact, args.resnet18))
+                                              args.compact, args.resnet18, args.resnet18_latency))
     a.add_argument("--install", type=Path, help="the install step's JSON (default: keep the file's section)")
     a.add_argument("--quick", type=Path, help="the quick step's JSON (default: keep the file's section)")
     a.add_argument("--latency", type=Path, help="the latency step's JSON (default: keep the file's section)")
     a.add_argument("--reference", type=Path, help="the reference step's JSON, kept under 'reference'")
     a.add_argument("--compact", type=Path, help="the compact spec's default run (the default step's JSON)")
     a.add_argument("--resnet18", type=Path, help="the ResNet-18 spec's default run (the default step's JSON)")
+    a.add_argument("--resnet18-latency", type=Path, help="the latency step's JSON on the ResNet-18 run")
     a.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()
     args.step(args)

@@ -1,16 +1,17 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
-    python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--runs 48] [--workers 2]
-        [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
+    python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
+        [--workers 2] [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
-the lead the product picks), in int8 at full resolution with no other knob; measures each member's error on its own
-validation data against its reference NN's; and runs the merged NN in the closed loop: ``--runs`` seeded runs of
-the spec's run length, the seeds ``qaopt optimize``'s validation draws, judged with the spec's acceptance test on
-the fixed set of runs. Each finished length is kept in ``<cache>/merge_distillation/<steps>.json`` and skipped on
-a re-run (a lost machine costs one length). Writes ``--json``: the machine, the date, the command and one
-row per length (errors, ratios to the references, failed runs by index, verdict, build and loop seconds).
+the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
+fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is); measures each member's error on its
+own validation data against its reference NN's; and runs the merged NN in the closed loop: ``--runs`` seeded runs
+of the spec's run length, the seeds ``qaopt optimize``'s validation draws, judged with the spec's acceptance test
+on the fixed set of runs. Each finished variant is kept in ``<cache>/merge_distillation/`` and skipped on a re-run
+(a lost machine costs one variant). Writes ``--json``: the machine, the date and one row per variant kept there
+(the command that measured it, errors, ratios to the references, failed runs by index, verdict, build and loop seconds).
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
     nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in merge.nns}
     group = MergeGroup(tuple(nns[n] for n in merge.nns), steps)
     lead = group.lead().name
-    knobs = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")
-    reference = {n: build(t, knobs.model_copy(update={"dtype": "fp32"}), cache_dir=cache, onnx=kernels.onnx).error
+    base = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")
+    reference = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, onnx=kernels.onnx).error
                  for n, t in nns.items()}
+    knobs = base.model_copy(update={"input_scale": args.scale, "finetune_steps": args.adapt})
     start = time.perf_counter()
     views = build_merged(group, knobs, cache_dir=cache, onnx=kernels.onnx,
                          progress=lambda message: print(f"  {message}", flush=True))
@@ -69,7 +71,8 @@ def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
     records = [r for f in blocks for r in f.result()]
     goal, test = goal_of(spec), acceptance_of(spec)
     failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]
-    row = {"steps": steps, "lead": lead, "knobs": {"dtype": "int8", "input_scale": 1.0},
+    row = {"steps": steps, "lead": lead, "command": " ".join(["python", *sys.argv]),
+           "knobs": {"dtype": "int8", "input_scale": args.scale, "finetune_steps": args.adapt},
            "error": {n: v.error for n, v in views.items()}, "reference_error": reference,
            "error_ratio": {n: round(v.error / reference[n], 4) for n, v in views.items()},
            "runs": len(records), "failures": len(failed), "failed_runs": failed,
@@ -79,10 +82,17 @@ def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
     return row
 
 
+def variant(steps: int, args: argparse.Namespace) -> str:
+    """The file name a variant is kept under (a full-resolution one as before the scale existed: ``<steps>.json``)."""
+    return f"{steps}.json" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}.json"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", type=Path, default=REPO / "examples" / "cropfollow.yaml")
     ap.add_argument("--steps", type=int, nargs="+", default=[300, 1200, 3000])
+    ap.add_argument("--scale", type=float, default=1.0, help="the merged NN's input scale (1.0: full resolution)")
+    ap.add_argument("--adapt", type=int, default=0, help="fine-tuning steps at that scale")
     ap.add_argument("--runs", type=int, default=48)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
@@ -100,20 +110,17 @@ def main() -> None:
         sys.exit(f"{args.spec}: search.merge: the spec has no merge group to distil")
     done = (args.cache_dir or cache_dir_of(spec)) / "merge_distillation"
     done.mkdir(parents=True, exist_ok=True)
-    rows = []
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
         for steps in args.steps:
-            path = done / f"{steps}.json"
-            if path.exists():
-                rows.append(json.loads(path.read_text()))
-                continue
-            row = measure(steps, args, spec, pool)
-            path.write_text(json.dumps(row, indent=1))
-            rows.append(row)
+            path = done / variant(steps, args)
+            if not path.exists():
+                path.write_text(json.dumps(measure(steps, args, spec, pool), indent=1))
+    rows = sorted((json.loads(p.read_text()) for p in done.glob("*.json")),
+                  key=lambda r: (-r["knobs"]["input_scale"], r["knobs"].get("finetune_steps", 0), r["steps"]))
     out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform(),
                        "python": platform.python_version(), "torch": torch.__version__},
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "command": " ".join(["python", *sys.argv]),
+           "command": " ".join(["python", *sys.argv]),  # this file's; each row made since session 17 keeps its own
            "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
            "acceptance": spec.qos.acceptance.model_dump(), "rows": rows}
     args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -17,7 +17,7 @@ backends' versions, :meth:`.target.Target.machine_key`) were all recorded togeth
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,9 @@ class AutoCompiled:
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         return self.best.run(*inputs)
+
+    def inference(self) -> Callable[[], Any]:
+        return self.best.inference()
 
     def measure(self, protocol: Protocol = Protocol()) -> Measurement:
         return self.best.measure(protocol)

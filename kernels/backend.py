@@ -31,6 +31,12 @@ class Compiled(TypingProtocol):
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]: ...
 
+    def inference(self) -> Callable[[], Any]:
+        """A zero-argument call that runs one inference on the example inputs, already on the device: what
+        ``measure`` times, and what a frame of several compiled models chains (:func:`qaopt.kernels.compare_frames`),
+        so that a frame and its models' own figures time the same work."""
+        ...
+
     def measure(self, protocol: Protocol = Protocol()) -> Measurement: ...
 
     def export(self, path: str | Path) -> Path: ...
@@ -67,8 +73,9 @@ class LocalCompiled(abc.ABC):
     def export(self, path: str | Path) -> Path: ...
 
     @abc.abstractmethod
-    def _bind(self) -> Callable[[], Any]:
-        """A zero-argument call that runs one inference on the example inputs, already on the device."""
+    def inference(self) -> Callable[[], Any]:
+        """A zero-argument call that runs one inference on the example inputs, already on the device (on a GPU it
+        ends with a synchronize: a robot waits for each result)."""
 
     def _threads(self) -> Any:
         """A context that applies the target's thread count while running (default: nothing to do)."""
@@ -87,7 +94,7 @@ class LocalCompiled(abc.ABC):
     def measure(self, protocol: Protocol = Protocol()) -> Measurement:
         with self._threads():
             return measure_callable(
-                self._bind(),
+                self.inference(),
                 backend=self.backend,
                 device=self.target.device,
                 device_key=self.target.device_key,

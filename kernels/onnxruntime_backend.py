@@ -43,7 +43,7 @@ class OrtCompiled(LocalCompiled):
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         return list(self.session.run(None, self._feed_of(inputs) if inputs else self._feed))
 
-    def _bind(self) -> Callable[[], Any]:
+    def inference(self) -> Callable[[], Any]:
         session, feed = self.session, self._feed
         return lambda: session.run(None, feed)
 

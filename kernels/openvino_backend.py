@@ -51,7 +51,7 @@ class OpenVinoCompiled(LocalCompiled):
         self.request.infer(self._feed_of(inputs) if inputs else self._feed)
         return [self.request.get_output_tensor(i).data.copy() for i in range(len(self.compiled.outputs))]
 
-    def _bind(self) -> Callable[[], Any]:
+    def inference(self) -> Callable[[], Any]:
         request, feed = self.request, self._feed
         return lambda: request.infer(feed)
 

@@ -101,6 +101,10 @@ class RemoteTvmCompiled:
 
         return self.with_retries(step, "running the model")
 
+    def inference(self) -> Callable[[], Any]:
+        """One run on the board with the example inputs (each crosses the RPC link, as a frame's would)."""
+        return self.run
+
     def measure(self, protocol: Protocol = Protocol()) -> Measurement:
         import tvm
 

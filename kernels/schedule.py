@@ -174,19 +174,22 @@ def compare_frames(frames: Mapping[str, tuple[Mapping[str, Any], Schedule]], tar
 def _frame_call(compiled: Sequence[Any], schedule: Schedule, share: int | None) -> Iterator[Callable[[], None]]:
     """One frame of compiled models as a callable: one after another, or started together on a thread pool.
 
-    Each torch model sets torch's process-wide pool to its own threads when it runs; side by
-    side, the pool is set to the models' ``share`` for the whole frame, so that two models
-    starting together do not resize it under each other.
+    Each model runs its :meth:`~qaopt.kernels.Compiled.inference` (inputs already on the device), the call its own
+    measurement times, so a frame and the sum of its models' figures time the same work. Torch's process-wide pool
+    is set to the models' ``share`` of threads for the whole frame, so that two models starting together do not
+    resize it under each other.
     """
+    calls = [c.inference() for c in compiled]
     if schedule == "sequential":
-        def frame() -> None:
-            for c in compiled:
-                c.run()
-        yield frame
+        with torch_threads(share):
+            def frame() -> None:
+                for call in calls:
+                    call()
+            yield frame
         return
     with ThreadPoolExecutor(len(compiled)) as pool, torch_threads(share):
         def frame() -> None:
-            for future in [pool.submit(c.run) for c in compiled]:
+            for future in [pool.submit(call) for call in calls]:
                 future.result()
         yield frame
 

@@ -87,7 +87,7 @@ class TorchCompiled(LocalCompiled):
         outs = out if isinstance(out, (tuple, list)) else [out]
         return [as_numpy(o) for o in outs]
 
-    def _bind(self) -> Callable[[], Any]:
+    def inference(self) -> Callable[[], Any]:
         import torch
 
         fn, inputs = self.fn, self._device_inputs
@@ -276,7 +276,7 @@ class TorchCompileBackend:
         start = time.perf_counter()
         try:
             with torch_threads(target.threads), _quiet_autotuner():
-                call = compiled._bind()  # on a GPU each call ends with a synchronize
+                call = compiled.inference()  # on a GPU each call ends with a synchronize
                 for _ in range(CUDA_GRAPH_RECORDING_CALLS if mode != "default" else 1):
                     call()
         except Exception as exc:

@@ -51,7 +51,7 @@ class TvmCompiled(LocalCompiled):
         out = self.vm["main"](*(self._tensors(inputs) if inputs else self._args))
         return flatten(out)
 
-    def _bind(self) -> Callable[[], Any]:
+    def inference(self) -> Callable[[], Any]:
         configure_threads(self.target.threads)
         main, args = self.vm["main"], self._args
         return lambda: main(*args)

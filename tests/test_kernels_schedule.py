@@ -103,3 +103,34 @@ def test_compare_frames_times_compiled_frames_side_by_side(workloads, monkeypatc
     assert out["one model"].median_ms < out["sequential"].median_ms
     with pytest.raises(kernels.KernelsError, match="schedule: 'zigzag'"):
         kernels.frame_target(target, "zigzag", 2)
+
+
+class _Staged:
+    """A compiled model whose ``run`` (host inputs copied in, outputs copied out) costs more than its inference on
+    inputs already on the device, as a GPU model's does."""
+
+    backend, param_bytes = "staged", 0
+
+    def __init__(self, inference_s: float, run_s: float):
+        self.inference_s, self.run_s = inference_s, run_s
+
+    def inference(self):
+        import time
+
+        return lambda: time.sleep(self.inference_s)
+
+    def run(self, *inputs):
+        import time
+
+        time.sleep(self.run_s)
+        return []
+
+
+def test_a_frame_times_what_its_models_own_figures_time(monkeypatch, tmp_path):
+    """Side by side, a frame chains its models' inferences, not their full runs: on a GPU the runs' host copies made
+    every frame about twice its models' figures (docs/BENCHMARKS.md, "GPU target", session 17)."""
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    frames = {s: ({"a": _Staged(0.002, 0.02), "b": _Staged(0.002, 0.02)}, s) for s in kernels.SCHEDULES}
+    out = kernels.compare_frames(frames, Target(threads=2), rounds=1, protocol=QUICK)
+    assert 3.5 < out["sequential"].median_ms < 15
+    assert 1.5 < out["parallel"].median_ms < 15

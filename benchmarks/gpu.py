@@ -193,7 +193,10 @@ def _side(config: dict | None) -> dict | None:
 
 def default(run_dir: Path, seconds: float, out: Path) -> dict:
     """A default-profile GPU run: completion (as :func:`quick`), the ratio with its interval, both sides' verdicts."""
-    record = quick(run_dir, seconds, out)
+    import torch
+
+    record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+              **quick(run_dir, seconds, out)}
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else None
     if result:
         intervals = result["speedups"].get("intervals", {})

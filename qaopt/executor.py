@@ -447,8 +447,9 @@ class ShippedNN:
     NNs run in the loop on the GPU, with the kernels and numerics they are deployed with
     (fp16 is a GPU dtype) and at a GPU's speed (a ResNet-18 costs ~45 ms a frame on one
     CPU core, ~1 ms on the GPU); the module is placed there once, on its first frame, as
-    a copy, so the candidate itself stays on the CPU where export and timing expect it. The torch module travels as the bytes of
-    ``torch.save``: a pool pickles tensors otherwise by handing their file descriptors over
+    a copy, so the candidate itself stays on the CPU where export and timing expect it.
+    The torch module travels as the bytes of ``torch.save``: a pool pickles tensors
+    otherwise by handing their file descriptors over
     from a server thread of this process, which prints a ``ConnectionResetError`` traceback
     when a worker is lost mid-transfer. Its ONNX Runtime session is opened on first
     call in the worker, with one thread, by the session factory every other session

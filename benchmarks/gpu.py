@@ -195,7 +195,8 @@ def default(run_dir: Path, seconds: float, out: Path) -> dict:
     """A default-profile GPU run: completion (as :func:`quick`), the ratio with its interval, both sides' verdicts."""
     import torch
 
-    record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+    record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
               **quick(run_dir, seconds, out)}
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else None
     if result:

@@ -160,6 +160,13 @@ def install(pip_log: Path, pip_status: int, junit: Path, out: Path) -> dict:
 
 def quick(run_dir: Path, seconds: float, out: Path) -> dict:
     """Whether the quick run finished with its result, report and artifacts, and how many trials failed."""
+    record = _completion(run_dir, seconds)
+    _write(out, record)
+    return record
+
+
+def _completion(run_dir: Path, seconds: float) -> dict:
+    """A run's completion: result, report and artifacts present, trials and failed trials, speedups, acceptance."""
     import optuna
 
     result_file = run_dir / "result.json"
@@ -177,7 +184,6 @@ def quick(run_dir: Path, seconds: float, out: Path) -> dict:
               "speedups": {k: v for k, v in result["speedups"].items() if k != "intervals"} if result else None,
               "aware_accepted": bool(result and result.get("aware") and any(
                   v["accepted"] and v["trial"] == result["aware"]["trial"] for v in result["validations"]))}
-    _write(out, record)
     return record
 
 
@@ -197,7 +203,7 @@ def default(run_dir: Path, seconds: float, out: Path) -> dict:
 
     record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-              **quick(run_dir, seconds, out)}
+              **_completion(run_dir, seconds)}
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else None
     if result:
         intervals = result["speedups"].get("intervals", {})

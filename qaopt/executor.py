@@ -445,7 +445,7 @@ class ShippedNN:
     Built from a :class:`qaopt.approx.Candidate` here and sent to workers by value, so
     they need no shared cache to run it. A torch module runs on ``device``: a GPU target's
     NNs run in the loop on the GPU, with the kernels and numerics they are deployed with
-    (fp16 is a GPU dtype) and at a GPU's speed (a ResNet-18 costs ~45 ms a frame on one
+    (fp16 is a GPU dtype) and at a GPU's speed (a ResNet-18 costs ~47 ms a frame on one
     CPU core, ~1 ms on the GPU); the module is placed there once, on its first frame, as
     a copy, so the candidate itself stays on the CPU where export and timing expect it.
     The torch module travels as the bytes of ``torch.save``: a pool pickles tensors

@@ -201,9 +201,12 @@ def default(run_dir: Path, seconds: float, out: Path) -> dict:
     """A default-profile GPU run: completion (as :func:`quick`), the ratio with its interval, both sides' verdicts."""
     import torch
 
+    from qaopt.kernels.target import host_cpu_info
+
+    cpu = host_cpu_info()
     record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-              **_completion(run_dir, seconds)}
+              "host_cpu": cpu.model, "host_isa": list(cpu.isa), **_completion(run_dir, seconds)}
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else None
     if result:
         intervals = result["speedups"].get("intervals", {})

@@ -597,6 +597,11 @@ class TargetSpec(Section):
     backend: str = Field("auto", pattern=BACKEND_REF_PATTERN, description=(
         "a registered backend (torch, torch-compile, tvm, onnxruntime, auto, or one added with "
         "qaopt.kernels.register_backend), with an optional variant in brackets, e.g. torch[channels_last]"))
+    search_backend: str | None = Field(None, pattern=BACKEND_REF_PATTERN, description=(
+        "the backend the search times its trials on, when building every candidate on 'backend' costs too much "
+        "(auto compiles each with Inductor too, 20-30 s apiece on a GPU): the reference and the configurations "
+        "the studies choose, aware and agnostic, are compiled again on 'backend' before they are timed side by "
+        "side and exported, so both sides of the comparison get its fastest. Default: 'backend' itself"))
     threads: Count(1024, "threads", "no target has that many cores") | None = None
     mcpu: str | None = Field(None, description="LLVM CPU for TVM; default: this host's")
     mtriple: str | None = Field(None, description="LLVM target triple when cross-compiling, e.g. aarch64-linux-gnu")

@@ -194,7 +194,8 @@ def _side(config: dict | None) -> dict | None:
     return {"trial": config.get("trial"), "frame_ms": config["latency_ms"], "in_region": config.get("in_region"),
             "errors": config.get("errors"), "schedule": config.get("schedule"),
             "nns": {nn: {"knobs": c["knobs"], "backend": c["backend"], "ms": c["latency_ms"],
-                         "serves": c.get("serves", [])} for nn, c in config["nns"].items()}}
+                         "backends_measured": c.get("backends_measured", {}), "serves": c.get("serves", [])}
+                    for nn, c in config["nns"].items()}}
 
 
 def default(run_dir: Path, seconds: float, out: Path) -> dict:
@@ -218,6 +219,7 @@ def default(run_dir: Path, seconds: float, out: Path) -> dict:
             "interval_note": intervals.get("aware_over_agnostic", {}).get("note"),
             "aware": _side(result.get("aware")), "agnostic": _side(result.get("agnostic")),
             "reference_frame_ms": result["reference"]["latency_ms"],
+            "search_backend": result.get("search_backend"),
             "selection": [{k: v[k] for k in ("trial", "runs", "failures", "verdict")} for v in result["validations"]],
             "acceptance_fresh_seeds": {name: {k: v[k] for k in ("runs", "failures", "verdict", "seed_base")}
                                        for name, v in fresh.items()},

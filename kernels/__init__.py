@@ -66,6 +66,7 @@ from .registry import (
     backends_running,
     get_backend,
     register_backend,
+    resolve,
     unregister_backend,
 )
 from .schedule import (
@@ -98,6 +99,6 @@ __all__ = [
     "backend_devices", "backend_dtypes", "backend_names", "backend_version", "backends_running", "compare_frames", "compile", "device_lock", "export_onnx", "frame_target",
     "emulated_dtypes", "get_backend", "host_cpu_info", "measure_callable", "measure_concurrent", "measure_frame", "measure_interleaved",
     "measure_model", "measure_untuned", "median_and_spread", "median_interval", "missing_device", "ort_session", "pinned", "ratio_interval",
-    "register_backend", "schedules_for", "sum_interval", "target_backends", "threads_of", "torch_threads",
+    "register_backend", "resolve", "schedules_for", "sum_interval", "target_backends", "threads_of", "torch_threads",
     "unregister_backend", "unrunnable_dtypes", "untuned_backend",
 ]

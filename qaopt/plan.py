@@ -33,7 +33,7 @@ from qaopt.calibrate import (
 from qaopt.profiles import Profile, get_profile
 from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, limits_of, make_evaluator
 from qaopt.stress import StressSet, record_stress
-from qaopt.target_fit import LeftOut, fit_target
+from qaopt.target_fit import LeftOut, fit_target, searched_on
 from qaopt.tolerance import Tolerance
 
 
@@ -167,6 +167,10 @@ class RunPlan:
     calibration_budget: int
     region_file: Path | None
     target: kernels.Target
+    """Where the chosen NNs run: the reference and the chosen configurations are timed side by side and exported on
+    its backend."""
+    search_target: kernels.Target
+    """Where the trials are timed: ``target`` on ``target.search_backend`` when the spec names one, else ``target``."""
     left_out: tuple[LeftOut, ...]
     """Dtypes the spec lists that the target cannot run, left out of every knob space (each says why)."""
     train_device: str
@@ -185,8 +189,8 @@ class RunPlan:
 
     @property
     def backend_name(self) -> str | None:
-        """The backend every candidate must run on, or ``None`` when ``auto`` picks one per candidate."""
-        return None if self.target.backend == "auto" else self.target.backend.name
+        """The backend every trial's candidate must run on, or ``None`` when ``auto`` picks one per candidate."""
+        return None if self.search_target.backend == "auto" else self.search_target.backend.name
 
     def study_name(self, mode: str) -> str:
         return f"{self.app}-{self.spec_hash}-{mode}"
@@ -240,7 +244,8 @@ def build_plan(
         seed=spec.search.seed,
         calibration_budget=spec.calibration.budget if prof.calibration_budget is None else prof.calibration_budget,
         region_file=Path(region).resolve() if region is not None else None,
-        target=_target(spec, prof),
+        target=(target := _target(spec, prof)),
+        search_target=searched_on(spec, target),
         left_out=left_out,
         train_device=training_device(spec.training, say),
         knob_spaces={name: KnobSpace.from_section(spec.knobs_for(name), limits, nn=name) for name in spec.nns},

@@ -149,6 +149,10 @@ def write_report(result: Result, run_dir: Path) -> Path:
     lines += ["## Cost", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {stage} | {seconds:.1f} |" for stage, seconds in result.seconds.items()]
     lines += ["", f"Kernel tuning per candidate: {result.tuning}.", ""]
+    if result.search_backend is not None:
+        lines += [f"Trials were timed on {result.search_backend} (target.search_backend); the reference and the chosen "
+                  "configurations were then compiled on the target's backend, and their figures, the side-by-side "
+                  "ratios and the exported NNs are from there (backend and backends measured, per NN).", ""]
     if result.artifacts:
         lines += ["## Artifacts", ""]
         for nn, files in result.artifacts.items():

@@ -434,6 +434,9 @@ class Result(_Model):
         "the region (empty when every NN used was the one searched)"))
     studies: dict[str, StudySummary]
     tuning: dict[str, Any] = Field(default_factory=dict)
+    search_backend: str | None = Field(None, description=(
+        "the backend the trials were timed on when the spec named a stand-in (target.search_backend); the "
+        "configurations above were then compiled and timed on the target's own backend. None: the same backend"))
     left_out: list[str] = Field(default_factory=list, description=(
         "knob values the spec lists that the target cannot run, left out of the search before its first trial, "
         "each with why and the fix"))

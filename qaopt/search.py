@@ -168,7 +168,8 @@ class SearchContext:
 
     @property
     def target(self) -> kernels.Target:
-        return self.plan.target
+        """Where trials are timed (:attr:`qaopt.plan.RunPlan.search_target`)."""
+        return self.plan.search_target
 
     @property
     def cache_dir(self) -> Path:

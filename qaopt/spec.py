@@ -78,21 +78,28 @@ def import_plugins(spec: AppSpec) -> list[Problem]:
 
 
 def _backend_problems(spec: AppSpec) -> list[Problem]:
+    """``target.backend`` and ``target.search_backend`` that no registry holds, or that do not run on the device."""
     from qaopt.kernels.registry import backend_devices, resolve  # light: no torch
 
-    try:
-        ref = resolve(spec.target.backend)
-    except QaoptError as exc:
-        message = str(exc).removeprefix("target.backend: ")
-        if "no backend named" in message:
-            message += "; or name a module that registers it in the spec's plugins: [module]"
-        return located(spec, [{"loc": ("target", "backend"), "msg": message}])
-    devices = backend_devices(ref)
-    if spec.target.device not in devices:
-        return located(spec, [{"loc": ("target", "device"), "msg": (
-            f"backend '{ref}' runs on {', '.join(devices)}, not on {spec.target.device}; choose another "
-            "target.backend (auto picks one for the device) or device")}])
-    return []
+    errors = []
+    for field in ("backend", "search_backend"):
+        name = getattr(spec.target, field)
+        if name is None:
+            continue
+        try:
+            ref = resolve(name)
+        except QaoptError as exc:
+            message = str(exc).removeprefix("target.backend: ")
+            if "no backend named" in message:
+                message += "; or name a module that registers it in the spec's plugins: [module]"
+            errors.append({"loc": ("target", field), "msg": message})
+            continue
+        devices = backend_devices(ref)
+        if spec.target.device not in devices:
+            errors.append({"loc": ("target", field if field == "search_backend" else "device"), "msg": (
+                f"backend '{ref}' runs on {', '.join(devices)}, not on {spec.target.device}; choose another "
+                f"target.{field} (auto picks one for the device) or device")})
+    return located(spec, errors)
 
 
 def _calibration_problems(spec: AppSpec) -> list[Problem]:

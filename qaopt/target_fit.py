@@ -10,6 +10,9 @@ ask :func:`fit_target` before calibration, so that:
   or that the device would only emulate, is left out of the search, said once on the
   console and in the report, and never reaches a trial;
 - an NN's dtype list with nothing left is refused at its line.
+
+With ``target.search_backend`` a dtype must run on it (the trials) and on ``target.backend`` (the chosen
+configurations, compiled again there before they are compared and exported).
 """
 
 from __future__ import annotations
@@ -53,7 +56,10 @@ def fit_target(spec: AppSpec) -> tuple[LeftOut, ...]:
                                                   "or set target.device: cpu")
     target = kernels.Target.from_spec(spec.target)
     listed = _listed_dtypes(spec)
-    unrunnable = kernels.unrunnable_dtypes(target, [d for dtypes in listed.values() for d in dtypes])
+    unrunnable: dict[str, kernels.Unrunnable] = {}
+    for on in dict.fromkeys((searched_on(spec, target), target)):  # a trial runs on the first, the chosen on both
+        for dtype, why in kernels.unrunnable_dtypes(on, [d for dtypes in listed.values() for d in dtypes]).items():
+            unrunnable.setdefault(dtype, why)
     empty = {key: dtypes for key, dtypes in listed.items() if all(d in unrunnable for d in dtypes)}
     if empty:
         raise SpecError(located(spec, [{"loc": ("approximations", key, *DTYPES_FIELD),
@@ -61,6 +67,12 @@ def fit_target(spec: AppSpec) -> tuple[LeftOut, ...]:
     return tuple(LeftOut(u.dtype, u.reason, u.emulated,
                          tuple(_field(key) for key, dtypes in listed.items() if u.dtype in dtypes))
                  for u in unrunnable.values())
+
+
+def searched_on(spec: AppSpec, target: kernels.Target) -> kernels.Target:
+    """``target`` as the search times its trials: on ``target.search_backend`` where the spec names one."""
+    name = spec.target.search_backend
+    return target if name is None else target.with_backend(kernels.resolve(name))
 
 
 def _listed_dtypes(spec: AppSpec) -> dict[str, list[str]]:

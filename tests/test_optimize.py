@@ -274,6 +274,35 @@ def test_a_dtype_no_backend_of_the_target_runs_is_left_out_not_a_failed_trial(ti
     assert not any(v == "int8" for s in result.studies.values() for t in s.trials for v in t.params.values())
 
 
+def test_trials_timed_on_a_search_backend_are_compared_and_exported_on_the_targets_own(tiny_run, monkeypatch):
+    """target.search_backend: the trials time every candidate on a backend that is quick to build; the reference and
+    the chosen configurations are then compiled on target.backend (auto: every backend, the fastest kept), so both
+    sides of the ratio, and the exported NNs, run on their own best backend (issue #32: a GPU's Inductor costs
+    20-30 s a candidate)."""
+    from qaopt.kernels import BackendRef, auto
+
+    spec, first = tiny_run
+    monkeypatch.setitem(auto.DEVICE_BACKENDS, "cpu", (BackendRef("torch"), BackendRef("onnxruntime")))
+    data = yaml.safe_load(spec.read_text())
+    data["target"].update(backend="auto", search_backend="torch")
+    data["output"]["dir"] = "runs-search-backend"
+    path = spec.with_name("search-backend.yaml")  # beside the module's spec: its cache serves the reference NNs
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = optimize(path, profile="quick", trials=4, region=first.region, quiet=True, console=QUIET)
+    trials = [t.configuration for s in result.studies.values() for t in s.trials if t.configuration is not None]
+    assert trials and all(c.backend == "torch" and set(c.backends_measured) <= {"torch"}
+                          for config in trials for c in config.nns.values())
+    chosen = [c for config in (result.reference, result.aware, result.agnostic) if config is not None
+              for c in config.nns.values()]
+    assert chosen and all(set(c.backends_measured) == {"torch", "onnxruntime"} for c in chosen)
+    for c in chosen:  # each NN on the faster of the two, as measured
+        assert c.backend == min(c.backends_measured, key=lambda b: c.backends_measured[b])
+    assert result.search_backend == "torch"
+    assert "Trials were timed on torch (target.search_backend)" in result.report.read_text()
+    for nn, files in result.artifacts.items():
+        assert Path(files["compiled"]).name.startswith(f"compiled-{result.aware.nns[nn].backend}")
+
+
 def test_killed_run_resumes_without_repeating_finished_trials(tmp_path, monkeypatch):
     spec = _spec(tmp_path / "killed")
     db = tmp_path / "killed" / "runs" / "study.db"

@@ -90,3 +90,23 @@ def test_validate_passes_with_a_note_naming_what_is_left_out(tmp_path, capsys):
     assert err == ["note: int8 left out of the search: no backend here runs int8 on cpu (backends: torch); declare one "
                    "(docs/extending.md, 'Adding a backend') or drop int8 from approximations.all.quantization.dtypes"]
     assert ": ok" in out
+
+
+def test_a_search_backend_that_cannot_serve_the_device_is_refused_at_its_line(tmp_path, capsys, toy_gpu):
+    path = tiny_spec(tmp_path, lambda d: d["target"].update(search_backend=toy_gpu))
+    error = one_error(capsys, path, "validate", "--no-imports")
+    assert line_of(path, error).strip() == f"search_backend: {toy_gpu}"
+    assert error.endswith(f"target.search_backend: backend '{toy_gpu}' runs on cuda, not on cpu; choose another "
+                          "target.search_backend (auto picks one for the device) or device")
+
+
+def test_a_dtype_the_search_backend_cannot_run_is_left_out_though_the_target_backend_runs_it(tmp_path, capsys):
+    """Trials run on target.search_backend: a dtype only target.backend runs would fail every trial that samples it."""
+    def edit(d):
+        d["target"].update(backend="onnxruntime", search_backend="torch")
+        d["approximations"]["all"]["quantization"].update(dtypes=["fp32", "int8"])
+
+    code, err, _ = run_qaopt(capsys, "validate", "--no-imports", str(tiny_spec(tmp_path, edit)))
+    assert code is None or code == 0, err
+    assert err == ["note: int8 left out of the search: no backend here runs int8 on cpu (backends: torch); declare one "
+                   "(docs/extending.md, 'Adding a backend') or drop int8 from approximations.all.quantization.dtypes"]

@@ -11,6 +11,11 @@ these. Nothing is cached: the stage costs seconds, and a figure read back from a
 process would defeat it. It first waits for the closed-loop runs still in flight on the run's
 local pool (:func:`qaopt.executor.settle`): validation's last blocks go on after its verdict,
 and frames timed beside them are not the target's.
+
+When the trials were timed on a stand-in (``target.search_backend``), the three configurations
+are first compiled on ``target.backend`` (:func:`on_target_backend`; ``auto``: every backend of
+the device, the fastest kept per NN), so each side of the comparison runs on its own best backend
+and the exported NNs are those compiled there. Those outcomes are cached like any trial's.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Mapping
 
 from qaopt import kernels
 from qaopt.executor import settle
-from qaopt.measuring import compile_choice, frame_models, latency_of
+from qaopt.measuring import compile_choice, frame_models, latency_of, measure_configuration
 from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.result import Configuration
 from qaopt.search import SearchContext
@@ -28,6 +33,20 @@ from qaopt.stages.validation import Validated
 
 ROUNDS = 3
 """Interleaved rounds; each frame's figure pools the samples of all of them."""
+
+
+def on_target_backend(ctx: SearchContext, config: Configuration) -> Configuration:
+    """``config`` compiled and measured on the deployment target's backend (:attr:`qaopt.plan.RunPlan.target`):
+    each NN's backend and figures, and the frame's, are those of that measurement."""
+    measured = measure_configuration(ctx.candidates(config), config.schedule, ctx.plan.target, ctx.cache_dir)
+    nns = {n: c.model_copy(update={key: getattr(measured.nns[n].choice, key) for key in MEASURED_FIELDS})
+           for n, c in config.nns.items()}
+    return config.model_copy(update={"nns": nns, "latency_ms": measured.latency_ms,
+                                     "memory_bytes": measured.memory_bytes, "latency": measured.latency})
+
+
+MEASURED_FIELDS = ("backend", "latency_ms", "memory_bytes", "backends_measured", "latency")
+"""What a measurement on another backend changes in an :class:`~qaopt.result.NNChoice` (its NN and error stay)."""
 
 
 def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration | None]
@@ -45,10 +64,10 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
         keys[name] = key
         if key not in frames:
             models = frame_models(ctx.candidates(config))
-            target = kernels.frame_target(ctx.target, config.schedule, len(models))
+            target = kernels.frame_target(ctx.plan.target, config.schedule, len(models))
             frames[key] = ({n: compile_choice(candidate, config.nns[n], target, ctx.cache_dir)
                             for n, candidate in models.items()}, config.schedule)
-    measured = kernels.compare_frames({str(i): frame for i, frame in enumerate(frames.values())}, ctx.target,
+    measured = kernels.compare_frames({str(i): frame for i, frame in enumerate(frames.values())}, ctx.plan.target,
                                       rounds=ROUNDS)
     by_key = {key: measured[str(i)] for i, key in enumerate(frames)}
     out: dict[str, Configuration | None] = {}
@@ -76,5 +95,13 @@ class ComparisonStage(BaseStage):
         if waited:
             run.emitter(self.name).note(f"waited for {waited} task(s) of closed-loop runs still in flight, so that "
                                         "nothing else runs while the frames are timed")
-        return side_by_side(reference.ctx, {"reference": reference.configuration, "aware": validated.front.chosen,
-                                            "agnostic": validated.agnostic})
+        configurations = {"reference": reference.configuration, "aware": validated.front.chosen,
+                          "agnostic": validated.agnostic}
+        plan = run.plan
+        if plan.search_target.backend != plan.target.backend:
+            run.emitter(self.name).note(
+                f"trials were timed on {plan.search_target.backend} (target.search_backend): compiling the reference "
+                f"and the chosen configurations on {plan.target.backend} (target.backend)")
+            configurations = {name: on_target_backend(reference.ctx, c) if c is not None else None
+                              for name, c in configurations.items()}
+        return side_by_side(reference.ctx, configurations)

@@ -64,7 +64,7 @@ def export_configuration(ctx: SearchContext, config: Configuration, folder: Path
             else:  # a float copy: the candidate's own module keeps its dtype for the compiled export below
                 kernels.export_onnx(copy.deepcopy(candidate.module).float(), [torch.from_numpy(candidate.example())],
                                     tmp)
-        compiled = compile_choice(candidate, choice, ctx.target, ctx.cache_dir)
+        compiled = compile_choice(candidate, choice, ctx.plan.target, ctx.cache_dir)
         files["compiled"] = compiled.export(nn_dir / f"compiled-{choice.backend}")
         # What load_artifacts needs to rebuild it, read from the candidate, not from its knobs.
         files["form"] = store.write_json(nn_dir / FORM_FILE, FORM_KIND, FORM_VERSION, {

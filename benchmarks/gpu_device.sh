@@ -15,7 +15,7 @@
 #            machine has two GPUs (the first half and GPU 0 for ResNet-18), so that two runs never share a GPU or
 #            a measured core; its record (gpu.py default) is written when it ends
 #            (its log and records in $BG, /tmp/qaopt-gpu-bg: a later call's $OUT is another folder)
-#   progress the last lines of each background run's log
+#   progress the last lines of each background run's log, and a snapshot of each run into $OUT (<name>-snapshot.tgz)
 #   wait-default  wait for the background default runs to end
 #   collect  copy the background runs' logs and records into this call's $OUT
 #   latency-compact, latency-resnet18  benchmarks/gpu.py latency on that default run's chosen NNs, on its GPU
@@ -90,8 +90,13 @@ for step in "$@"; do
       echo "$name: $SPEC on GPU $GPU, cores $CORES"
       ;;
     progress)
+      # Each poll also brings back a snapshot of each run (its logs, and its run folder less the exported NNs: the
+      # study, region, closed-loop evidence, result), so that a machine lost mid-run keeps what ran until then.
       for name in resnet18 compact; do
-        [ -f "$BG/$name.log" ] && { echo "== $name"; tail -c 1500 "$BG/$name.log" | tr '\r' '\n' | tail -12; }
+        [ -f "$BG/$name.log" ] || continue
+        echo "== $name"; tail -c 1500 "$BG/$name.log" | tr '\r' '\n' | tail -12
+        placement "$name"
+        tar czf "$OUT/$name-snapshot.tgz" --exclude="$DIR/artifacts" "$BG/$name"* "$DIR" 2>/dev/null
       done
       ;;
     collect)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -70,11 +71,11 @@ class ConsoleView:
             case ev.Progress(completed=completed, total=total, description=description):
                 self._update(completed=completed, total=total, description=description or None)
             case ev.Note(text=text):
-                self.console.log(text)
+                self.console.log(escape(text))
             case ev.Warning(text=text):
-                self.console.log(f"[yellow]warning:[/yellow] {text}")
+                self.console.log(f"[yellow]warning:[/yellow] {escape(text)}")
             case ev.Trial(stage=stage, mode=mode, number=number, phase=phase, detail=detail):
-                line = f"{mode} trial {number}: {TRIAL_LINES[phase]}" + (f": {detail}" if detail else "")
+                line = escape(f"{mode} trial {number}: {TRIAL_LINES[phase]}" + (f": {detail}" if detail else ""))
                 if phase != "finished":
                     self.console.log(line)
                 started = self._trials.setdefault(stage, set())
@@ -83,7 +84,7 @@ class ConsoleView:
                 self._update(completed=max(0, done), description=line)
             case ev.RunBlock(name=name, runs=runs, planned=planned, failures=failures, verdict=verdict):
                 self._update(completed=runs, total=planned,
-                             description=f"{name}: {runs}/{planned} runs, {failures} failed, {verdict}")
+                             description=escape(f"{name}: {runs}/{planned} runs, {failures} failed, {verdict}"))
             case ev.Measured():
                 pass  # the trial's own lines say it; the report tables the figures
 

@@ -130,6 +130,19 @@ def test_the_console_counts_trials_by_their_numbers_not_their_text():
     assert "aware search: done in 1.5 s" in text
 
 
+def test_the_console_prints_brackets_in_a_line_as_they_are():
+    """Backend variants are written in brackets (torch[cuda_graph]), which rich would take for markup and drop."""
+    out = io.StringIO()
+    view = ConsoleView(Console(file=out, width=200), quiet=True)
+    for event in (ev.Note("side-by-side measurement", "trials were timed on torch[cuda_graph]"),
+                  ev.Warning("aware search", "torch[channels_last] cannot serve cuda"),
+                  ev.Trial("aware search", "aware", 3, "infeasible", "backend [bold] failed")):
+        view(event)
+    text = out.getvalue()
+    assert "trials were timed on torch[cuda_graph]" in text and "warning: torch[channels_last] cannot" in text
+    assert "aware trial 3: infeasible: backend [bold] failed" in text
+
+
 @pytest.fixture
 def stage_plugin(tmp_path):
     """The tiny application in a folder of its own, with a plugin module registering a stage; undone after."""

@@ -90,3 +90,34 @@ def test_a_shipped_nn_runs_in_the_loop_on_the_gpu_and_the_candidate_stays_on_the
     with torch.inference_mode():
         expected = model.float()(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(first, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_a_run_searched_on_cuda_graphs_compares_and_exports_on_autos_fastest(tmp_path, monkeypatch):
+    """The shipped GPU specs' scheme on the tiny app: trials timed on torch[cuda_graph] (target.search_backend), the
+    reference and both chosen configurations compiled on auto, each NN on its fastest backend as measured there."""
+    import io
+    from pathlib import Path
+
+    import yaml
+    from rich.console import Console
+
+    from qaopt import optimize
+
+    apps = Path(__file__).resolve().parent / "apps"
+    monkeypatch.syspath_prepend(str(apps))
+    monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
+    data = yaml.safe_load((apps / "tiny.yaml").read_text())
+    data["target"].update(device="cuda", backend="auto", search_backend="torch[cuda_graph]")
+    data["output"]["dir"] = str(tmp_path / "run")
+    spec = tmp_path / "tiny-gpu.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = optimize(spec, profile="quick", trials=3, console=Console(file=io.StringIO()))
+    trials = [t.configuration for s in result.studies.values() for t in s.trials if t.configuration is not None]
+    assert trials and all(c.backend == "torch[cuda_graph]" for config in trials for c in config.nns.values())
+    chosen = [c for config in (result.reference, result.aware, result.agnostic) if config is not None
+              for c in config.nns.values()]
+    assert chosen and all({"torch", "torch[cuda_graph]", "torch-compile"} <= set(c.backends_measured) for c in chosen)
+    for c in chosen:
+        timed = {b: ms for b, ms in c.backends_measured.items() if isinstance(ms, float)}
+        assert c.backend == min(timed, key=timed.get)
+    assert result.search_backend == "torch[cuda_graph]"

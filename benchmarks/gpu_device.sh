@@ -16,6 +16,10 @@
 #            a measured core; its record (gpu.py default) is written when it ends
 #            (its log and records in $BG, /tmp/qaopt-gpu-bg: a later call's $OUT is another folder)
 #   progress the last lines of each background run's log, and a snapshot of each run into $OUT (<name>-snapshot.tgz)
+#   restore  on a fresh machine, put back the run folders and logs of the snapshots in .device-snapshots/ (carried:
+#            copy the last poll's <name>-snapshot.tgz there), so that default-<name> resumes the run: its region,
+#            studies and closed-loop evidence are read back; the NNs are rebuilt (the cache stays behind: ResNet-18
+#            candidates are 45 MB each) and every rebuilt candidate is re-checked against the region
 #   wait-default  wait for the background default runs to end
 #   collect  copy the background runs' logs and records into this call's $OUT
 #   latency-compact, latency-resnet18  benchmarks/gpu.py latency on that default run's chosen NNs, on its GPU
@@ -82,7 +86,7 @@ for step in "$@"; do
       # Each run its own lock folder: the two GPUs are two devices, measured at the same time.
       setsid nohup env CUDA_VISIBLE_DEVICES=$GPU QAOPT_LOCK_DIR=/tmp/qaopt-locks-$name taskset -c "$CORES" bash -c "
         start=\$(date +%s)
-        '$BIN/qaopt' optimize '$SPEC' --profile default > '$BG/$name.log' 2>&1
+        '$BIN/qaopt' optimize '$SPEC' --profile default >> '$BG/$name.log' 2>&1
         echo \"exit \$?\" >> '$BG/$name.log'
         '$PY' benchmarks/gpu.py default '$DIR' --seconds \$(( \$(date +%s) - start )) --out '$BG/$name.json'
         cp '$DIR/result.json' '$BG/$name-result.json'; cp '$DIR/report.md' '$BG/$name-report.md'" \
@@ -99,6 +103,13 @@ for step in "$@"; do
         tar czf "$OUT/$name-snapshot.tgz" --exclude="$DIR/artifacts" "$BG/$name"* "$DIR" 2>/dev/null
       done
       ;;
+    restore)
+      for snapshot in .device-snapshots/*-snapshot.tgz; do
+        [ -f "$snapshot" ] || { echo "no snapshots in .device-snapshots/"; break; }
+        tar xzf "$snapshot" --exclude='tmp/*' && tar xzf "$snapshot" -C / --wildcards 'tmp/*'
+        echo "restored $snapshot"
+      done
+      ;;
     collect)
       cp -r "$BG"/. "$OUT"/
       ;;
@@ -110,6 +121,6 @@ for step in "$@"; do
       CUDA_VISIBLE_DEVICES=$GPU taskset -c "$CORES" "$PY" benchmarks/gpu.py latency "$DIR" --out "$OUT/latency-$name.json"
       ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
-            "progress, wait-default, collect, latency-compact, latency-resnet18)"; exit 2 ;;
+            "progress, restore, wait-default, collect, latency-compact, latency-resnet18)"; exit 2 ;;
   esac
 done

@@ -30,7 +30,7 @@ def ctx(monkeypatch):
 
     monkeypatch.setattr(search, "measure_configuration", full)
     monkeypatch.setattr(search, "quick_latency", quick)
-    plan = SimpleNamespace(target=None, cache_dir=None)
+    plan = SimpleNamespace(target=None, search_target=None, cache_dir=None)
     context = search.SearchContext(plan, {}, None)
     return context, calls
 

@@ -192,6 +192,12 @@ class RunPlan:
         """The backend every trial's candidate must run on, or ``None`` when ``auto`` picks one per candidate."""
         return None if self.search_target.backend == "auto" else self.search_target.backend.name
 
+    @property
+    def search_backend(self) -> str | None:
+        """The stand-in backend the trials are timed on (``target.search_backend``), or ``None`` when it is the
+        target's own."""
+        return str(self.search_target.backend) if self.search_target.backend != self.target.backend else None
+
     def study_name(self, mode: str) -> str:
         return f"{self.app}-{self.spec_hash}-{mode}"
 

@@ -348,9 +348,15 @@ def _outcome(result: Result) -> str:
                   "(run the default profile)")
     text = (f"Application-aware configuration (trial {result.aware.trial}) against the reference: "
             f"{s.describe('aware')}; {status}.")
+    if result.aware.same_nns(result.reference):
+        failed = [v for v in result.validations if v.trial != result.aware.trial and v.failures]
+        text += (" It runs the reference NNs unchanged: " + (
+            f"each of the {len(failed)} faster configuration(s) validation tried failed closed-loop runs (the "
+            "validation table)" if failed else "no other configuration the search found feasible measured faster") + ".")
     if s.aware_over_agnostic is not None:
         text += (f" Application-agnostic compression against the reference: {s.describe('agnostic')}; application "
-                 f"awareness over it: {s.describe('aware_over_agnostic')}, on the same backends and machine.")
+                 f"awareness over it: {s.describe('aware_over_agnostic')}, timed side by side on this machine, each NN on the "
+                 "backend its measurement chose (the configuration table).")
     v = result.agnostic_validation
     if v is not None:
         fresh = " on the fresh seeds" if seeds_of(v).startswith("fresh") else ""

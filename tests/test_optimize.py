@@ -303,6 +303,20 @@ def test_trials_timed_on_a_search_backend_are_compared_and_exported_on_the_targe
         assert Path(files["compiled"]).name.startswith(f"compiled-{result.aware.nns[nn].backend}")
 
 
+def test_the_report_says_why_the_aware_choice_is_the_reference_nns(tiny_run, tmp_path):
+    """A 1.00x "same NNs on both sides" must not leave a reader guessing: the faster configurations failed validation."""
+    from qaopt.report import write_report
+
+    _, result = tiny_run
+    failed = result.validations[0].model_copy(update={"trial": 99, "failures": 2, "passes": 4, "accepted": False})
+    same = result.model_copy(update={
+        "aware": result.reference.model_copy(update={"trial": 7}), "validations": [failed, *result.validations],
+        "run_dir": tmp_path, "artifacts": {}})
+    text = write_report(same, tmp_path).read_text()
+    assert ("It runs the reference NNs unchanged: each of the 1 faster configuration(s) validation tried failed "
+            "closed-loop runs (the validation table).") in text
+
+
 def test_killed_run_resumes_without_repeating_finished_trials(tmp_path, monkeypatch):
     spec = _spec(tmp_path / "killed")
     db = tmp_path / "killed" / "runs" / "study.db"

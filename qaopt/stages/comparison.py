@@ -35,6 +35,10 @@ ROUNDS = 3
 """Interleaved rounds; each frame's figure pools the samples of all of them."""
 
 
+MEASURED_FIELDS = ("backend", "latency_ms", "memory_bytes", "backends_measured", "latency")
+"""What a measurement on another backend changes in an :class:`~qaopt.result.NNChoice` (its NN and error stay)."""
+
+
 def on_target_backend(ctx: SearchContext, config: Configuration) -> Configuration:
     """``config`` compiled and measured on the deployment target's backend (:attr:`qaopt.plan.RunPlan.target`):
     each NN's backend and figures, and the frame's, are those of that measurement."""
@@ -43,10 +47,6 @@ def on_target_backend(ctx: SearchContext, config: Configuration) -> Configuratio
            for n, c in config.nns.items()}
     return config.model_copy(update={"nns": nns, "latency_ms": measured.latency_ms,
                                      "memory_bytes": measured.memory_bytes, "latency": measured.latency})
-
-
-MEASURED_FIELDS = ("backend", "latency_ms", "memory_bytes", "backends_measured", "latency")
-"""What a measurement on another backend changes in an :class:`~qaopt.result.NNChoice` (its NN and error stay)."""
 
 
 def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration | None]
@@ -98,9 +98,9 @@ class ComparisonStage(BaseStage):
         configurations = {"reference": reference.configuration, "aware": validated.front.chosen,
                           "agnostic": validated.agnostic}
         plan = run.plan
-        if plan.search_target.backend != plan.target.backend:
+        if plan.search_backend is not None:
             run.emitter(self.name).note(
-                f"trials were timed on {plan.search_target.backend} (target.search_backend): compiling the reference "
+                f"trials were timed on {plan.search_backend} (target.search_backend): compiling the reference "
                 f"and the chosen configurations on {plan.target.backend} (target.backend)")
             configurations = {name: on_target_backend(reference.ctx, c) if c is not None else None
                               for name, c in configurations.items()}

@@ -66,7 +66,7 @@ class ReportStage(BaseStage):
             rebuilt=reference.ctx.rebuilds,
             studies=studies,
             tuning={"trials_per_candidate": target.tuning.trials, "seconds_per_candidate": target.tuning.seconds},
-            search_backend=str(plan.search_target.backend) if plan.search_target.backend != target.backend else None,
+            search_backend=plan.search_backend,
             left_out=[str(value) for value in plan.left_out],
             region=calibrated.choice.path,
             region_note=calibrated.choice.note,

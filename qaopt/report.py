@@ -329,6 +329,17 @@ def _knobs_of_params(params: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any
     return knobs, serves
 
 
+def unchanged_note(result: Result) -> str | None:
+    """Why the aware choice runs the reference NNs unchanged (a 1.00x a reader would otherwise have to decode), or
+    ``None`` when it does not."""
+    if result.aware is None or not result.aware.same_nns(result.reference):
+        return None
+    failed = [v for v in result.validations if v.trial != result.aware.trial and v.failures]
+    return "It runs the reference NNs unchanged: " + (
+        f"each of the {len(failed)} faster configuration(s) validation tried failed closed-loop runs (the "
+        "validation table)" if failed else "no other configuration the search found feasible measured faster") + "."
+
+
 def _outcome(result: Result) -> str:
     s = result.speedups
     if result.aware is None:
@@ -348,11 +359,9 @@ def _outcome(result: Result) -> str:
                   "(run the default profile)")
     text = (f"Application-aware configuration (trial {result.aware.trial}) against the reference: "
             f"{s.describe('aware')}; {status}.")
-    if result.aware.same_nns(result.reference):
-        failed = [v for v in result.validations if v.trial != result.aware.trial and v.failures]
-        text += (" It runs the reference NNs unchanged: " + (
-            f"each of the {len(failed)} faster configuration(s) validation tried failed closed-loop runs (the "
-            "validation table)" if failed else "no other configuration the search found feasible measured faster") + ".")
+    note = unchanged_note(result)
+    if note:
+        text += f" {note}"
     if s.aware_over_agnostic is not None:
         text += (f" Application-agnostic compression against the reference: {s.describe('agnostic')}; application "
                  f"awareness over it: {s.describe('aware_over_agnostic')}, timed side by side on this machine, each NN on the "

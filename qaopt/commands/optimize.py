@@ -47,6 +47,7 @@ def optimize(
     calibrate` wrote for this spec is reused (and never replaced by a smaller calibration).
     """
     from qaopt.optimizer import optimize as run
+    from qaopt.report import unchanged_note
 
     result = run(spec, profile=profile, out=out, storage=storage, trials=trials, region=region,
                  calibration_budget=calibration_budget, cluster=cluster, workers=workers, quiet=quiet,
@@ -57,5 +58,8 @@ def optimize(
         typer.echo(f"application-aware speedup {s.describe('aware')}"
                    + (f", application-agnostic {s.describe('agnostic')}, aware over agnostic "
                       f"{s.describe('aware_over_agnostic')}" if s.aware_over_agnostic else ""))
+        note = unchanged_note(result)
+        if note:
+            typer.echo(note)
     else:
         typer.echo("no application-aware configuration passed closed-loop validation; see the report")

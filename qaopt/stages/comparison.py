@@ -21,6 +21,7 @@ and the exported NNs are those compiled there. Those outcomes are cached like an
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from qaopt import kernels
 from qaopt.executor import settle
@@ -39,22 +40,28 @@ MEASURED_FIELDS = ("backend", "latency_ms", "memory_bytes", "backends_measured",
 """What a measurement on another backend changes in an :class:`~qaopt.result.NNChoice` (its NN and error stay)."""
 
 
-def on_target_backend(ctx: SearchContext, config: Configuration) -> Configuration:
+def on_target_backend(ctx: SearchContext, config: Configuration) -> tuple[Configuration, dict[str, Any]]:
     """``config`` compiled and measured on the deployment target's backend (:attr:`qaopt.plan.RunPlan.target`):
-    each NN's backend and figures, and the frame's, are those of that measurement."""
-    measured = measure_configuration(ctx.candidates(config), config.schedule, ctx.plan.target, ctx.cache_dir)
+    each NN's backend and figures, and the frame's, are those of that measurement; with the frame's compiled
+    models (:func:`qaopt.measuring.frame_models`' names), so that :func:`side_by_side` times them without compiling
+    again (Inductor takes 20-30 s an NN on a GPU)."""
+    candidates = ctx.candidates(config)
+    measured = measure_configuration(candidates, config.schedule, ctx.plan.target, ctx.cache_dir)
     nns = {n: c.model_copy(update={key: getattr(measured.nns[n].choice, key) for key in MEASURED_FIELDS})
            for n, c in config.nns.items()}
+    compiled = {n: measured.nns[n].compiled for n in frame_models(candidates)}
     return config.model_copy(update={"nns": nns, "latency_ms": measured.latency_ms,
-                                     "memory_bytes": measured.memory_bytes, "latency": measured.latency})
+                                     "memory_bytes": measured.memory_bytes, "latency": measured.latency}), compiled
 
 
-def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration | None]
-                 ) -> dict[str, Configuration | None]:
+def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration | None],
+                 compiled: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Configuration | None]:
     """``configurations`` with their latencies measured again, together, in this process (``None`` stays ``None``).
 
-    Configurations that run the same NNs under the same schedule are timed once and share the figure.
+    Configurations that run the same NNs under the same schedule are timed once and share the figure. ``compiled``
+    (configuration name -> its frame's compiled models) spares compiling what is already compiled for the target.
     """
+    compiled = compiled or {}
     frames: dict[tuple, tuple[dict, kernels.Schedule]] = {}
     keys: dict[str, tuple] = {}
     for name, config in configurations.items():
@@ -63,10 +70,13 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
         key = (config.schedule, tuple(sorted((n, c.candidate, c.backend) for n, c in config.nns.items())))
         keys[name] = key
         if key not in frames:
-            models = frame_models(ctx.candidates(config))
-            target = kernels.frame_target(ctx.plan.target, config.schedule, len(models))
-            frames[key] = ({n: compile_choice(candidate, config.nns[n], target, ctx.cache_dir)
-                            for n, candidate in models.items()}, config.schedule)
+            ready = compiled.get(name)
+            if ready is None:
+                models = frame_models(ctx.candidates(config))
+                target = kernels.frame_target(ctx.plan.target, config.schedule, len(models))
+                ready = {n: compile_choice(candidate, config.nns[n], target, ctx.cache_dir)
+                         for n, candidate in models.items()}
+            frames[key] = (ready, config.schedule)
     measured = kernels.compare_frames({str(i): frame for i, frame in enumerate(frames.values())}, ctx.plan.target,
                                       rounds=ROUNDS)
     by_key = {key: measured[str(i)] for i, key in enumerate(frames)}
@@ -102,6 +112,7 @@ class ComparisonStage(BaseStage):
             run.emitter(self.name).note(
                 f"trials were timed on {plan.search_backend} (target.search_backend): compiling the reference "
                 f"and the chosen configurations on {plan.target.backend} (target.backend)")
-            configurations = {name: on_target_backend(reference.ctx, c) if c is not None else None
-                              for name, c in configurations.items()}
+            chosen = {name: on_target_backend(reference.ctx, c) for name, c in configurations.items() if c is not None}
+            configurations = {name: chosen[name][0] if name in chosen else None for name in configurations}
+            return side_by_side(reference.ctx, configurations, {name: models for name, (_, models) in chosen.items()})
         return side_by_side(reference.ctx, configurations)

@@ -16,9 +16,13 @@ loop, under one :class:`.measure.Protocol`.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import multiprocessing
 import os
+import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -168,6 +172,51 @@ def compare_frames(frames: Mapping[str, tuple[Mapping[str, Any], Schedule]], tar
                  for name, (models, schedule) in frames.items()}
         return measure_interleaved(calls, rounds=rounds, protocol=protocol, device=target.device,
                                    device_key=target.device_key, threads=threads if target.device == "cpu" else None)
+
+
+@dataclass(frozen=True)
+class FrameModel:
+    """A model of a frame to compile in another process: its workload, on the backend its measurement chose."""
+
+    workload: Workload
+    backend: str
+
+
+def compare_frames_fresh(frames: Mapping[str, tuple[Mapping[str, FrameModel], Schedule]], target: Target, *,
+                         rounds: int = 3, cache_dir: str | Path | None = None,
+                         imports: Sequence[str] = ()) -> dict[str, Measurement]:
+    """:func:`compare_frames` in a fresh process: every model compiled there again on its backend, then the frames
+    timed side by side.
+
+    A process that has trained NNs, compiled dozens of candidates and driven closed-loop runs times a frame of two
+    models at up to 1.7-1.9x the sum of its models (the side-by-side stage of a quick CropFollow run on a 2-core
+    machine), where a fresh process times the same frames at the sum of their parts; which state of the long-lived
+    process does it was not isolated. A ratio of frames is the product's headline, so it is taken where nothing of
+    the run's history can reach it. The models travel pickled (torch modules and tensors by value, ONNX files by
+    path), the figures come back as :class:`Measurement` figures of one epoch. ``imports`` are modules to import there
+    first: those that register the backends named (a spec's plugins).
+    """
+    payload = pickle.dumps((dict(frames), target, rounds, None if cache_dir is None else str(cache_dir),
+                            tuple(imports)))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(_compare_in_fresh_process, payload).result()
+        except BrokenProcessPool:
+            raise KernelsError("the fresh process that times the frames side by side died (killed, or out of "
+                               "memory); run again, the stages before it are kept") from None
+
+
+def _compare_in_fresh_process(payload: bytes) -> dict[str, Measurement]:
+    frames, target, rounds, cache_dir, imports = pickle.loads(payload)
+    for module in imports:
+        importlib.import_module(module)
+    compiled = {}
+    for name, (models, schedule) in frames.items():
+        model_target = frame_target(target, schedule, len(models))
+        compiled[name] = ({n: compile(m.workload.model, m.workload.example_inputs,
+                                      model_target.with_backend(m.backend), cache_dir=cache_dir)
+                           for n, m in models.items()}, schedule)
+    return compare_frames(compiled, target, rounds=rounds)
 
 
 @contextlib.contextmanager

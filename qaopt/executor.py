@@ -191,17 +191,23 @@ class LocalPool(Executor):
         with self._lock:
             self._in_flight.discard(outer)
 
-    def settle(self) -> int:
-        """Wait until no task of this pool runs; the number that were in flight.
+    def quiesce(self) -> int:
+        """Wait until no task of this pool runs, then end its idle workers; the number of tasks that were in flight.
 
         Validation stops a configuration after the block that decides it, and the blocks already running go on
         (their runs are cached for a longer validation of the same NNs), so its workers stay busy for up to a
         block's time after the verdict: a latency measured then is disturbed (1.5-1.8x slower in every run that
-        timed its frames right after validation on a 2-core machine). The side-by-side stage settles first.
+        timed its frames right after validation on a 2-core machine). The side-by-side stage quiesces the pool
+        first; its workers' processes (each holding a simulator, NNs and thread pools) end too, so nothing of them
+        shares the cores with the timing. A later task starts new workers.
         """
         with self._lock:
             pending = list(self._in_flight)
         wait(pending)
+        with self._lock:
+            if not self._in_flight and not self._closed:
+                self._pool.shutdown(wait=True)
+                self._pool = self._new_pool()  # spawns its workers only when a task comes
         return len(pending)
 
     def _launch(self, outer: Future, fn: Callable, args: tuple, kwargs: dict, left: int) -> None:
@@ -251,15 +257,13 @@ class LocalPool(Executor):
             process.terminate()
 
 
-def settle(executor: Executor | None) -> int:
-    """Wait until no task of ``executor`` runs on this machine; the number that were in flight.
+def quiesce(executor: Executor | None) -> int:
+    """Wait until no task of ``executor`` runs on this machine and end its idle local workers; the number of tasks
+    that were in flight.
 
-    Only a local pool's workers share this machine's cores (:meth:`LocalPool.settle`); a cluster's run elsewhere.
+    Only a local pool's workers share this machine's cores (:meth:`LocalPool.quiesce`); a cluster's run elsewhere.
     """
-    return executor.settle() if isinstance(executor, LocalPool) else 0
-
-
-# --------------------------------------------------------------------------- Dask
+    return executor.quiesce() if isinstance(executor, LocalPool) else 0
 
 
 class ClusterExecutor(Executor):

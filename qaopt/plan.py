@@ -64,6 +64,12 @@ class BoundApplication:
         return self._spec.source
 
     @property
+    def plugins(self) -> tuple[str, ...]:
+        """The spec's plugin modules: another process that compiles the NNs imports them for the backends they
+        register."""
+        return tuple(self._spec.plugins)
+
+    @property
     def key(self) -> str:
         """What closed-loop runs depend on: the simulator, the QoS goal and the NNs (their data defines the axes)."""
         spec = self._spec

@@ -105,6 +105,21 @@ def test_compare_frames_times_compiled_frames_side_by_side(workloads, monkeypatc
         kernels.frame_target(target, "zigzag", 2)
 
 
+def test_frames_compared_in_a_fresh_process_are_compiled_there_on_their_backends(workloads, monkeypatch, tmp_path):
+    """The side-by-side stage's timing: the models travel by value, each is compiled on its own backend in a fresh
+    process, and the frames come back timed there, in one epoch that is not this process's."""
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    both = {n: kernels.FrameModel(w, "torch") for n, w in workloads.items()}
+    frames = {"two": (both, "sequential"), "one": ({"a": both["a"]}, "sequential")}
+    out = kernels.compare_frames_fresh(frames, Target(backend="auto", threads=1), rounds=1)
+    assert set(out) == {"one", "two"}
+    assert len({m.epoch for m in out.values()}) == 1 and out["one"].epoch != kernels.EPOCH
+    assert out["one"].median_ms < out["two"].median_ms
+    with pytest.raises(kernels.KernelsError, match="no_such_backend"):
+        kernels.compare_frames_fresh({"x": ({"a": kernels.FrameModel(workloads["a"], "no_such_backend")},
+                                            "sequential")}, Target(threads=1), rounds=1)
+
+
 class _Staged:
     """A compiled model whose ``run`` (host inputs copied in, outputs copied out) costs more than its inference on
     inputs already on the device, as a GPU model's does."""

@@ -98,14 +98,20 @@ def test_local_pool_runs_a_killed_workers_task_again(tmp_path):
         assert [f.result(timeout=60) for f in futures] == [7, 1, 2, 4, 8, 16, 32]
 
 
-def test_settling_a_local_pool_waits_for_the_tasks_still_running():
-    """What validation leaves running after its verdict ends before the side-by-side stage times frames."""
+def test_quiescing_a_local_pool_waits_for_its_tasks_and_ends_its_idle_workers():
+    """What validation leaves running after its verdict ends before the side-by-side stage times frames, and the
+    workers' processes end with it; a later task starts new ones."""
     with LocalPool(1) as pool:
-        assert pool.settle() == 0
-        running = pool.submit(time.sleep, 1.5)
-        assert executor_module.settle(pool) == 1
-        assert running.done() and pool.settle() == 0
-    assert executor_module.settle(None) == 0
+        assert pool.quiesce() == 0
+        running = pool.submit(os.getpid)
+        first = running.result(timeout=60)
+        slow = pool.submit(time.sleep, 1.5)
+        assert executor_module.quiesce(pool) == 1
+        assert slow.done() and pool.quiesce() == 0
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)  # the worker that ran them has ended
+        assert pool.submit(os.getpid).result(timeout=60) not in (first, os.getpid())
+    assert executor_module.quiesce(None) == 0
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores")

@@ -5,15 +5,17 @@ run reports may have been taken minutes apart under different load, or, in a run
 on another machine, on different hardware. A ratio of such figures carries whatever changed
 in between, and :class:`qaopt.result.SpeedupInterval` calls measurements of different
 processes "not comparable". So before the report, the three are compiled again on the
-backends their measurements chose and timed in interleaved rounds in this process
-(:func:`qaopt.kernels.compare_frames`); the latencies and speedups in ``result.json`` are
-these. Nothing is cached: the stage costs seconds, and a figure read back from an earlier
-process would defeat it. It first waits for the closed-loop runs still in flight on the run's
-local pool (:func:`qaopt.executor.settle`): validation's last blocks go on after its verdict,
+backends their measurements chose and timed in interleaved rounds, in a fresh process
+(:func:`qaopt.kernels.compare_frames_fresh`): the run's own process, after training,
+calibration and closed-loop validation, timed two-model frames up to 1.9x the sum of their
+models. The latencies and speedups in ``result.json`` are these. Nothing is cached: the stage
+costs seconds, and a figure read back from an earlier process would defeat it. It first
+waits for the closed-loop runs still in flight on the run's local pool and ends its idle
+workers (:func:`qaopt.executor.quiesce`): validation's last blocks go on after its verdict,
 and frames timed beside them are not the target's.
 
 When the trials were timed on a stand-in (``target.search_backend``), the three configurations
-are first compiled on ``target.backend`` (:func:`on_target_backend`; ``auto``: every backend of
+are first measured on ``target.backend`` (:func:`on_target_backend`; ``auto``: every backend of
 the device, the fastest kept per NN), so each side of the comparison runs on its own best backend
 and the exported NNs are those compiled there. Those outcomes are cached like any trial's.
 """
@@ -21,11 +23,10 @@ and the exported NNs are those compiled there. Those outcomes are cached like an
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from qaopt import kernels
-from qaopt.executor import settle
-from qaopt.measuring import compile_choice, frame_models, latency_of, measure_configuration
+from qaopt.executor import quiesce
+from qaopt.measuring import frame_models, latency_of, measure_configuration, workload_of
 from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.result import Configuration
 from qaopt.search import SearchContext
@@ -40,29 +41,24 @@ MEASURED_FIELDS = ("backend", "latency_ms", "memory_bytes", "backends_measured",
 """What a measurement on another backend changes in an :class:`~qaopt.result.NNChoice` (its NN and error stay)."""
 
 
-def on_target_backend(ctx: SearchContext, config: Configuration) -> tuple[Configuration, dict[str, Any]]:
-    """``config`` compiled and measured on the deployment target's backend (:attr:`qaopt.plan.RunPlan.target`):
-    each NN's backend and figures, and the frame's, are those of that measurement; with the frame's compiled
-    models (:func:`qaopt.measuring.frame_models`' names), so that :func:`side_by_side` times them without compiling
-    again (Inductor takes 20-30 s an NN on a GPU)."""
-    candidates = ctx.candidates(config)
-    measured = measure_configuration(candidates, config.schedule, ctx.plan.target, ctx.cache_dir)
+def on_target_backend(ctx: SearchContext, config: Configuration) -> Configuration:
+    """``config`` measured on the deployment target's backend (:attr:`qaopt.plan.RunPlan.target`): each NN's
+    backend and figures, and the frame's, are those of that measurement."""
+    measured = measure_configuration(ctx.candidates(config), config.schedule, ctx.plan.target, ctx.cache_dir)
     nns = {n: c.model_copy(update={key: getattr(measured.nns[n].choice, key) for key in MEASURED_FIELDS})
            for n, c in config.nns.items()}
-    compiled = {n: measured.nns[n].compiled for n in frame_models(candidates)}
     return config.model_copy(update={"nns": nns, "latency_ms": measured.latency_ms,
-                                     "memory_bytes": measured.memory_bytes, "latency": measured.latency}), compiled
+                                     "memory_bytes": measured.memory_bytes, "latency": measured.latency})
 
 
-def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration | None],
-                 compiled: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Configuration | None]:
-    """``configurations`` with their latencies measured again, together, in this process (``None`` stays ``None``).
+def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration | None]
+                 ) -> dict[str, Configuration | None]:
+    """``configurations`` with their latencies measured again, together, in a fresh process (``None`` stays
+    ``None``).
 
-    Configurations that run the same NNs under the same schedule are timed once and share the figure. ``compiled``
-    (configuration name -> its frame's compiled models) spares compiling what is already compiled for the target.
+    Configurations that run the same NNs under the same schedule are timed once and share the figure.
     """
-    compiled = compiled or {}
-    frames: dict[tuple, tuple[dict, kernels.Schedule]] = {}
+    frames: dict[tuple, tuple[dict[str, kernels.FrameModel], kernels.Schedule]] = {}
     keys: dict[str, tuple] = {}
     for name, config in configurations.items():
         if config is None:
@@ -70,15 +66,12 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
         key = (config.schedule, tuple(sorted((n, c.candidate, c.backend) for n, c in config.nns.items())))
         keys[name] = key
         if key not in frames:
-            ready = compiled.get(name)
-            if ready is None:
-                models = frame_models(ctx.candidates(config))
-                target = kernels.frame_target(ctx.plan.target, config.schedule, len(models))
-                ready = {n: compile_choice(candidate, config.nns[n], target, ctx.cache_dir)
-                         for n, candidate in models.items()}
-            frames[key] = (ready, config.schedule)
-    measured = kernels.compare_frames({str(i): frame for i, frame in enumerate(frames.values())}, ctx.plan.target,
-                                      rounds=ROUNDS)
+            models = frame_models(ctx.candidates(config))
+            frames[key] = ({n: kernels.FrameModel(workload_of(candidate), config.nns[n].backend)
+                            for n, candidate in models.items()}, config.schedule)
+    measured = kernels.compare_frames_fresh({str(i): frame for i, frame in enumerate(frames.values())},
+                                            ctx.plan.target, rounds=ROUNDS, cache_dir=ctx.cache_dir,
+                                            imports=ctx.plan.application.plugins)
     by_key = {key: measured[str(i)] for i, key in enumerate(frames)}
     out: dict[str, Configuration | None] = {}
     for name, config in configurations.items():
@@ -92,7 +85,7 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
 
 @register_stage
 class ComparisonStage(BaseStage):
-    """The reference, aware and agnostic frames timed again side by side in this process."""
+    """The reference, aware and agnostic frames timed again side by side in a fresh process."""
 
     name = "side-by-side measurement"
     inputs = ("reference NNs", "closed-loop validation")
@@ -101,7 +94,7 @@ class ComparisonStage(BaseStage):
     def run(self, run: StageRun, inputs) -> dict[str, Configuration | None]:
         reference: Reference = inputs["reference NNs"]
         validated: Validated = inputs["closed-loop validation"]
-        waited = settle(run.executor)
+        waited = quiesce(run.executor)
         if waited:
             run.emitter(self.name).note(f"waited for {waited} task(s) of closed-loop runs still in flight, so that "
                                         "nothing else runs while the frames are timed")
@@ -112,7 +105,6 @@ class ComparisonStage(BaseStage):
             run.emitter(self.name).note(
                 f"trials were timed on {plan.search_backend} (target.search_backend): compiling the reference "
                 f"and the chosen configurations on {plan.target.backend} (target.backend)")
-            chosen = {name: on_target_backend(reference.ctx, c) for name, c in configurations.items() if c is not None}
-            configurations = {name: chosen[name][0] if name in chosen else None for name in configurations}
-            return side_by_side(reference.ctx, configurations, {name: models for name, (_, models) in chosen.items()})
+            configurations = {name: None if c is None else on_target_backend(reference.ctx, c)
+                              for name, c in configurations.items()}
         return side_by_side(reference.ctx, configurations)

@@ -95,12 +95,14 @@ for step in "$@"; do
       ;;
     progress)
       # Each poll also brings back a snapshot of each run (its logs, and its run folder less the exported NNs: the
-      # study, region, closed-loop evidence, result), so that a machine lost mid-run keeps what ran until then.
+      # study, region, closed-loop evidence, result; and the closed-loop runs' blocks of the shared cache, so that a
+      # resumed run does not validate again), so that a machine lost mid-run keeps what ran until then.
       for name in resnet18 compact; do
         [ -f "$BG/$name.log" ] || continue
         echo "== $name"; tail -c 1500 "$BG/$name.log" | tr '\r' '\n' | tail -12
         placement "$name"
-        tar czf "$OUT/$name-snapshot.tgz" --exclude="$DIR/artifacts" "$BG/$name"* "$DIR" 2>/dev/null
+        tar czf "$OUT/$name-snapshot.tgz" --exclude="$DIR/artifacts" "$BG/$name"* "$DIR" \
+          examples/.qaopt-cache/optimize/validation 2>/dev/null
       done
       ;;
     restore)

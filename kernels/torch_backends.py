@@ -275,7 +275,7 @@ class TorchCompileBackend:
                                  _exporter(module, example_inputs))
         start = time.perf_counter()
         try:
-            with torch_threads(target.threads), _quiet_autotuner():
+            with torch_threads(target.threads), _quiet_compile():
                 call = compiled.inference()  # on a GPU each call ends with a synchronize
                 for _ in range(CUDA_GRAPH_RECORDING_CALLS if mode != "default" else 1):
                     call()
@@ -292,15 +292,22 @@ recording's cost lands in ``compile_s`` rather than in the first measured sample
 
 
 @contextlib.contextmanager
-def _quiet_autotuner() -> Iterator[None]:
-    """Keep max-autotune's per-kernel timing tables (written to stderr) off the user's console."""
+def _quiet_compile() -> Iterator[None]:
+    """Keep Inductor's chatter off the user's console: max-autotune's per-kernel timing tables (written to stderr),
+    and the advice to enable TensorFloat32 for float32 matrix products, which a fresh process (the side-by-side
+    stage's) prints again. qaopt leaves TF32 off on purpose: an fp32 NN runs with the numerics its error was
+    measured with."""
+    import warnings
+
     from torch._inductor import config
 
-    if not hasattr(config, "autotune_num_choices_displayed"):
-        yield
-        return
-    with config.patch(autotune_num_choices_displayed=0):
-        yield
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores", category=UserWarning)
+        if not hasattr(config, "autotune_num_choices_displayed"):
+            yield
+            return
+        with config.patch(autotune_num_choices_displayed=0):
+            yield
 
 
 def _prepare(model: Model, target: Target, channels_last: bool) -> Any:

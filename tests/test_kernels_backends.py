@@ -375,3 +375,19 @@ def test_a_device_timer_gives_the_samples():
     m = kernels.measure_callable(lambda: None, backend="test", device="cpu", device_key="test-timer", threads=1,
                                  param_bytes=0, protocol=QUICK, timer=ScriptedTimer())
     assert m.median_ms == pytest.approx(3.0 / m.number)
+
+
+def test_compiling_keeps_inductors_tf32_advice_off_the_console():
+    """A fresh process (the side-by-side stage's) compiling fp32 NNs on a GPU printed Inductor's TF32 advice between
+    the run's console lines; qaopt leaves TF32 off on purpose, so the advice is not the user's to act on."""
+    import warnings
+
+    from qaopt.kernels.torch_backends import _quiet_compile
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _quiet_compile():
+            warnings.warn("TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled.",
+                          UserWarning, stacklevel=1)
+            warnings.warn("something else", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["something else"]

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -188,35 +189,61 @@ def compare_frames_fresh(frames: Mapping[str, tuple[Mapping[str, FrameModel], Sc
     """:func:`compare_frames` in a fresh process: every model compiled there again on its backend, then the frames
     timed side by side.
 
-    A process that has trained NNs, compiled dozens of candidates and driven closed-loop runs times a frame of two
-    models at up to 1.7-1.9x the sum of its models (the side-by-side stage of a quick CropFollow run on a 2-core
-    machine), where a fresh process times the same frames at the sum of their parts; which state of the long-lived
-    process does it was not isolated. A ratio of frames is the product's headline, so it is taken where nothing of
-    the run's history can reach it. The models travel pickled (torch modules and tensors by value, ONNX files by
-    path), the figures come back as :class:`Measurement` figures of one epoch. ``imports`` are modules to import there
-    first: those that register the backends named (a spec's plugins).
+    A process that has trained NNs, compiled dozens of candidates and driven closed-loop runs timed a frame of two
+    models at up to 1.7-1.9x the sum of its models and a frame of one at its model's (the side-by-side stage of a
+    quick CropFollow run on a 2-core machine): a 2.87x ratio where separate processes timed 1.69x. A ratio of frames
+    is the product's headline, so it is taken where nothing of the run's state can reach it: in this process the
+    ratio came within about 5 % of separate processes' in every run re-timed, though its absolute figures have still
+    run 1.15-2.1x slow right after a run (docs/BENCHMARKS.md, "The side-by-side stage in a fresh process"). The
+    process is a new interpreter started with ``subprocess``, not multiprocessing's ``spawn``, which imports the
+    caller's main module again and so fails in a user's script that calls ``qaopt.optimize`` without a main guard;
+    it gets the caller's import path and environment. The models travel pickled (torch modules and tensors by value, ONNX files by path), the figures come back as
+    :class:`Measurement` figures of one epoch. ``imports`` are modules to import there first: those that register
+    the backends named (a spec's plugins).
     """
-    payload = pickle.dumps((dict(frames), target, rounds, None if cache_dir is None else str(cache_dir),
-                            tuple(imports)))
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        try:
-            return pool.submit(_compare_in_fresh_process, payload).result()
-        except BrokenProcessPool:
-            raise KernelsError("the fresh process that times the frames side by side died (killed, or out of "
-                               "memory); run again, the stages before it are kept") from None
+    with tempfile.TemporaryDirectory(prefix="qaopt-frames-") as folder:
+        job, out = Path(folder) / "job.pickle", Path(folder) / "measured.pickle"
+        payload = pickle.dumps((dict(frames), target, rounds, None if cache_dir is None else str(cache_dir)))
+        job.write_bytes(pickle.dumps((list(sys.path), tuple(imports), payload)))
+        code = f"from {__name__} import _compare_job; _compare_job({str(job)!r}, {str(out)!r})"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if not out.exists():
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise KernelsError(f"the fresh process that times the frames side by side ended with exit code "
+                               f"{proc.returncode} ({last}); run again, the stages before it are kept")
+        result = pickle.loads(out.read_bytes())
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
-def _compare_in_fresh_process(payload: bytes) -> dict[str, Measurement]:
-    frames, target, rounds, cache_dir, imports = pickle.loads(payload)
-    for module in imports:
-        importlib.import_module(module)
-    compiled = {}
-    for name, (models, schedule) in frames.items():
-        model_target = frame_target(target, schedule, len(models))
-        compiled[name] = ({n: compile(m.workload.model, m.workload.example_inputs,
-                                      model_target.with_backend(m.backend), cache_dir=cache_dir)
-                           for n, m in models.items()}, schedule)
-    return compare_frames(compiled, target, rounds=rounds)
+def _compare_job(job: str, out: str) -> None:
+    """The fresh process's work: the caller's import path and modules, then every model compiled and the frames
+    timed; the figures (or the error) pickled to ``out``."""
+    path, imports, payload = pickle.loads(Path(job).read_bytes())
+    sys.path[:] = path
+    try:
+        for module in imports:
+            importlib.import_module(module)
+        frames, target, rounds, cache_dir = pickle.loads(payload)
+        compiled = {}
+        for name, (models, schedule) in frames.items():
+            model_target = frame_target(target, schedule, len(models))
+            compiled[name] = ({n: compile(m.workload.model, m.workload.example_inputs,
+                                          model_target.with_backend(m.backend), cache_dir=cache_dir)
+                               for n, m in models.items()}, schedule)
+        result: Any = compare_frames(compiled, target, rounds=rounds)
+    except Exception as exc:  # handed back to the caller, which raises it
+        result = exc if _picklable(exc) else KernelsError(f"{type(exc).__name__}: {exc}")
+    Path(out).write_bytes(pickle.dumps(result))
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.loads(pickle.dumps(value))
+    except Exception:
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -104,9 +104,9 @@ class Distiller:
         """Train ``student`` for one phase of ``steps`` optimizer steps (on the device; it ends on the CPU).
 
         The phase trains in the channels-last layout, the same arithmetic in another memory order: a step of
-        CropFollow's compact NN at batch 16 was 1.04-1.24x faster on a 2-core x86 CPU (``benchmarks/finetune_layout.py``,
-        docs/BENCHMARKS.md); LaneKeep's reference training gained 4x from it. The student leaves in the default
-        layout, which pruning, export and the backends expect.
+        CropFollow's compact NN at batch 16 was 1.04-1.24x faster on a 2-core x86 CPU
+        (``benchmarks/finetune_layout.py``, docs/BENCHMARKS.md); LaneKeep's reference training gained 4x from it.
+        The student leaves in the default layout, which pruning, export and the backends expect.
         """
         if steps <= 0:
             return

@@ -95,7 +95,8 @@ from .torch_backends import torch_threads
 __all__ = [
     "CONFIDENCE", "EPOCH", "INPUT_NAME", "OPSET", "OUTPUT_NAME", "QUICK", "SCHEDULES",
     "AutoBackend", "AutoCompiled", "Backend", "BackendRef", "BackendUnavailableError", "BuildError", "Compiled",
-    "CpuInfo", "CpuLoadProbe", "FrameMeasurement", "FrameModel", "Interference", "InterferenceProbe", "KernelsError", "LocalCompiled",
+    "CpuInfo", "CpuLoadProbe", "FrameMeasurement", "FrameModel", "Interference", "InterferenceProbe", "KernelsError",
+    "LocalCompiled",
     "MeasuredModel", "Measurement", "MeasurementError", "OpenVinoBackend", "Outcome", "Protocol", "RPCConfig",
     "Schedule", "Target", "TuningBudget", "Unrunnable", "UnsupportedModelError", "UnsupportedOperatorError", "Workload",
     "backend_devices", "backend_dtypes", "backend_names", "backend_version", "backends_running", "compare_frames",

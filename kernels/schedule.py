@@ -197,9 +197,9 @@ def compare_frames_fresh(frames: Mapping[str, tuple[Mapping[str, FrameModel], Sc
     run 1.15-2.1x slow right after a run (docs/BENCHMARKS.md, "The side-by-side stage in a fresh process"). The
     process is a new interpreter started with ``subprocess``, not multiprocessing's ``spawn``, which imports the
     caller's main module again and so fails in a user's script that calls ``qaopt.optimize`` without a main guard;
-    it gets the caller's import path and environment. The models travel pickled (torch modules and tensors by value, ONNX files by path), the figures come back as
-    :class:`Measurement` figures of one epoch. ``imports`` are modules to import there first: those that register
-    the backends named (a spec's plugins).
+    it gets the caller's import path and environment. The models travel pickled (torch modules and tensors by value,
+    ONNX files by path), the figures come back as :class:`Measurement` figures of one epoch. ``imports`` are modules
+    to import there first: those that register the backends named (a spec's plugins).
     """
     with tempfile.TemporaryDirectory(prefix="qaopt-frames-") as folder:
         job, out = Path(folder) / "job.pickle", Path(folder) / "measured.pickle"

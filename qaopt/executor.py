@@ -266,6 +266,9 @@ def quiesce(executor: Executor | None) -> int:
     return executor.quiesce() if isinstance(executor, LocalPool) else 0
 
 
+# --------------------------------------------------------------------------- Dask
+
+
 class ClusterExecutor(Executor):
     """Tasks on a Dask cluster through ``distributed.Client``; a lost worker's tasks are run again by the scheduler."""
 

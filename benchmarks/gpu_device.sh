@@ -13,7 +13,8 @@
 #            `qaopt optimize` of examples/cropfollow-gpu.yaml or examples/cropfollow-resnet18-gpu.yaml with the
 #            default profile, started in the background, each on a GPU and a half of the cores of its own where the
 #            machine has two GPUs (the first half and GPU 0 for ResNet-18), so that two runs never share a GPU or
-#            a measured core; its record (gpu.py default) is written when it ends
+#            a measured core; on a machine with one GPU, start one of them at a time: it gets every core;
+#            its record (gpu.py default) is written when it ends
 #            (its log and records in $BG, /tmp/qaopt-gpu-bg: a later call's $OUT is another folder)
 #   progress the last lines of each background run's log, and a snapshot of each run into $OUT (<name>-snapshot.tgz)
 #   restore  on a fresh machine, put back the run folders and logs of the snapshots in .device-snapshots/ (carried:
@@ -48,6 +49,8 @@ placement() {
               CORES="$half-$(( $(nproc) - 1 ))" ;;
     *) echo "unknown default run '$1' (compact, resnet18)"; exit 2 ;;
   esac
+  # One GPU: one run at a time gets every core (its closed-loop runs are the slow part).
+  [ "$gpus" -gt 1 ] || CORES="0-$(( $(nproc) - 1 ))"
 }
 
 for step in "$@"; do

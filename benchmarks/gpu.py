@@ -42,7 +42,8 @@ Four steps, the first three run on the GPU machine:
     python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune]
     python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json
     python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json \
-        --compact compact.json --resnet18 resnet18.json --resnet18-latency latency-resnet18.json
+        --compact compact.json --resnet18 resnet18.json --resnet18-latency latency-resnet18.json \
+        [--resnet18-best-backends resnet18.json --resnet18-best-backends-latency latency-resnet18.json]
 
 A step left out of ``assemble`` keeps its section of the existing ``gpu.json``.
 """
@@ -182,9 +183,15 @@ def _completion(run_dir: Path, seconds: float) -> dict:
     record = {"completed": bool(result) and (run_dir / "report.md").exists() and artifacts,
               "failed_trials": failed, "trials": trials, "minutes": round(seconds / 60, 1),
               "speedups": {k: v for k, v in result["speedups"].items() if k != "intervals"} if result else None,
-              "aware_accepted": bool(result and result.get("aware") and any(
-                  v["accepted"] and v["trial"] == result["aware"]["trial"] for v in result["validations"]))}
+              "aware_accepted": _accepted(result)}
     return record
+
+
+def _accepted(result: dict | None) -> bool:
+    """Whether the run accepted its aware configuration: its verdict on the fresh acceptance seeds (as
+    ``Result.aware_accepted``), not its selection verdict, which only chose it."""
+    aware, acceptance = (result or {}).get("aware"), (result or {}).get("acceptance")
+    return bool(aware and acceptance and acceptance["accepted"] and acceptance["trial"] == aware["trial"])
 
 
 def _side(config: dict | None) -> dict | None:
@@ -308,14 +315,27 @@ def reference(spec_path: Path, out: Path) -> dict:
     return record
 
 
+DEFAULT_RUNS = {
+    "compact": "the compact spec's default run",
+    "resnet18": "the ResNet-18 spec's default run",
+    "resnet18_best_backends": "the ResNet-18 spec's default run whose side-by-side compiles each side on its best "
+                              "backend (target.backend: auto) rather than the search's",
+}
+"""The default-profile runs ``gpu.json`` keeps, each under its key (``--<key>`` and ``--<key>-latency``)."""
+
+
 def assemble(out: Path, install: Path | None = None, quick: Path | None = None, latency_json: Path | None = None,
-             reference_json: Path | None = None, compact: Path | None = None, resnet18: Path | None = None,
-             resnet18_latency: Path | None = None) -> dict:
+             reference_json: Path | None = None, runs: dict[str, Path] | None = None,
+             run_latencies: dict[str, Path] | None = None) -> dict:
     """``gpu.json``: the keys the GPU issue asks for, each from the step that measured it, with its machine and date.
 
     A step not given keeps its section from the existing file (each section says when and where it was
-    measured), so one step re-run on a later machine updates only what it measured.
+    measured), so one step re-run on a later machine updates only what it measured. ``runs`` are default steps'
+    records by key (:data:`DEFAULT_RUNS`), ``run_latencies`` the latency step on those runs' chosen NNs. A run's
+    ``aware_accepted`` is read again from the fresh-seed verdicts its record holds, so that the summary cannot
+    disagree with them (records written before :func:`_accepted` read the selection verdict).
     """
+    runs, run_latencies = runs or {}, run_latencies or {}
     previous = json.loads(out.read_text()) if out.exists() else {}
 
     def section(path: Path | None, key: str) -> dict:
@@ -335,17 +355,26 @@ def assemble(out: Path, install: Path | None = None, quick: Path | None = None, 
         "latency": lat,
         **({"reference": reference} if reference else {}),
     }
-    for key, path in (("compact", compact), ("resnet18", resnet18)):  # the default-profile runs, kept when not given
-        if path is not None or key in previous:
-            record[key] = json.loads(path.read_text()) if path is not None else previous[key]
-    if resnet18_latency is not None:  # the ResNet-18 run's chosen NNs timed by the latency step
-        if "resnet18" not in record:
-            raise SystemExit("--resnet18-latency needs the ResNet-18 run's record: give --resnet18")
-        lat18 = json.loads(resnet18_latency.read_text())
-        record["resnet18"] = {**record["resnet18"], "latency": lat18,
-                              "latency_vs_best": {nn: row["latency_vs_best"] for nn, row in lat18["nns"].items()}}
+    for key in DEFAULT_RUNS:  # the default-profile runs, kept when not given
+        if key in runs or key in previous:
+            run = json.loads(runs[key].read_text()) if key in runs else previous[key]
+            record[key] = {**run, "aware_accepted": _accepted_on_fresh_seeds(run)}
+    for key, path in run_latencies.items():  # a run's chosen NNs timed by the latency step
+        if key not in record:
+            flag = key.replace("_", "-")
+            raise SystemExit(f"--{flag}-latency needs that run's record: give --{flag}")
+        lat = json.loads(path.read_text())
+        record[key] = {**record[key], "latency": lat,
+                       "latency_vs_best": {nn: row["latency_vs_best"] for nn, row in lat["nns"].items()}}
     _write(out, record)
     return record
+
+
+def _accepted_on_fresh_seeds(run: dict) -> bool:
+    """A default step's record: whether its aware trial's verdict on the fresh seeds was valid."""
+    aware = run.get("aware")
+    verdict = (run.get("acceptance_fresh_seeds") or {}).get(f"trial {aware['trial']}") if aware else None
+    return bool(verdict and verdict["verdict"] == "valid")
 
 
 def main() -> None:
@@ -377,15 +406,18 @@ def main() -> None:
     r.add_argument("spec", type=Path)
     r.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
-    a.set_defaults(step=lambda args: assemble(args.json, args.install, args.quick, args.latency, args.reference,
-                                              args.compact, args.resnet18, args.resnet18_latency))
+    a.set_defaults(step=lambda args: assemble(
+        args.json, args.install, args.quick, args.latency, args.reference,
+        {key: getattr(args, key) for key in DEFAULT_RUNS if getattr(args, key)},
+        {key: getattr(args, f"{key}_latency") for key in DEFAULT_RUNS if getattr(args, f"{key}_latency")}))
     a.add_argument("--install", type=Path, help="the install step's JSON (default: keep the file's section)")
     a.add_argument("--quick", type=Path, help="the quick step's JSON (default: keep the file's section)")
     a.add_argument("--latency", type=Path, help="the latency step's JSON (default: keep the file's section)")
     a.add_argument("--reference", type=Path, help="the reference step's JSON, kept under 'reference'")
-    a.add_argument("--compact", type=Path, help="the compact spec's default run (the default step's JSON)")
-    a.add_argument("--resnet18", type=Path, help="the ResNet-18 spec's default run (the default step's JSON)")
-    a.add_argument("--resnet18-latency", type=Path, help="the latency step's JSON on the ResNet-18 run")
+    for key, what in DEFAULT_RUNS.items():
+        flag = key.replace("_", "-")
+        a.add_argument(f"--{flag}", type=Path, help=f"{what} (the default step's JSON)")
+        a.add_argument(f"--{flag}-latency", type=Path, help=f"the latency step's JSON on {what}")
     a.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args()
     args.step(args)

@@ -17,6 +17,8 @@
 #            its record (gpu.py default) is written when it ends
 #            (its log and records in $BG, /tmp/qaopt-gpu-bg: a later call's $OUT is another folder)
 #   progress the last lines of each background run's log, and a snapshot of each run into $OUT (<name>-snapshot.tgz)
+#   poll     wait up to $QAOPT_POLL_S seconds (default 500) while a default run goes on, then progress; says whether
+#            any is still running (poll again at once: the machine is given back after 30 s idle)
 #   restore  on a fresh machine, put back the run folders and logs of the snapshots in .device-snapshots/ (carried:
 #            copy the last poll's <name>-snapshot.tgz there), so that default-<name> resumes the run: its region,
 #            studies and closed-loop evidence are read back; the NNs are rebuilt (the cache stays behind: ResNet-18
@@ -79,7 +81,7 @@ for step in "$@"; do
       setsid nohup bash "$0" quick > "$OUT/quick-bg.log" 2>&1 < /dev/null &
       ;;
     wait)
-      while pgrep -f "gpu_device.sh quick" > /dev/null; do sleep 5; done; cat "$OUT/quick-bg.log" | tail -30
+      while pgrep -f "[g]pu_device.sh quick" > /dev/null; do sleep 5; done; cat "$OUT/quick-bg.log" | tail -30
       ;;
     latency)
       "$PY" benchmarks/gpu.py latency "$RUN" --out "$OUT/latency.json"
@@ -119,13 +121,21 @@ for step in "$@"; do
       cp -r "$BG"/. "$OUT"/
       ;;
     wait-default)
-      while pgrep -f "qaopt optimize" > /dev/null; do sleep 5; done
+      while pgrep -f "[q]aopt optimize" > /dev/null; do sleep 5; done
+      ;;
+    poll)
+      # Up to $QAOPT_POLL_S seconds (default 500) for the default runs, then `progress`. The pattern's brackets keep
+      # pgrep from matching a command line that only names it (the device call's own shell, a poll loop's).
+      end=$(( SECONDS + ${QAOPT_POLL_S:-500} ))
+      while [ $SECONDS -lt $end ] && pgrep -f "[q]aopt optimize" > /dev/null; do sleep 5; done
+      bash "$0" progress
+      pgrep -f "[q]aopt optimize" > /dev/null && echo "still running" || echo "every default run has ended"
       ;;
     latency-compact|latency-resnet18)
       name=${step#latency-}; placement "$name"
       CUDA_VISIBLE_DEVICES=$GPU taskset -c "$CORES" "$PY" benchmarks/gpu.py latency "$DIR" --out "$OUT/latency-$name.json"
       ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
-            "progress, restore, wait-default, collect, latency-compact, latency-resnet18)"; exit 2 ;;
+            "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18)"; exit 2 ;;
   esac
 done

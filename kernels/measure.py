@@ -158,9 +158,15 @@ def device_lock(device_key: str, timeout: float = -1) -> Iterator[None]:
 # --------------------------------------------------------------------------- isolation and interference
 
 
+PROCESS_CORES: tuple[int, ...] = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+"""The cores this process may use, read when kernels is imported. Read later from the calling thread, they may be
+fewer: a runtime can bind that thread to one core natively and leave it there (TVM's pool did, see
+:func:`.tvm_build.configure_threads`), and a measurement on those cores would run its threads on one."""
+
+
 def measurement_cores(threads: int | None) -> tuple[int, ...]:
     """The cores a measurement with ``threads`` threads runs on: the first ``threads`` this process may use."""
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = list(PROCESS_CORES) or sorted(os.sched_getaffinity(0))
     return tuple(allowed[:threads] if threads else allowed)
 
 

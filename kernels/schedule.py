@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from .compiler import compile
 from .errors import KernelsError
-from .measure import Measurement, Protocol, measure_callable, measure_interleaved, measurement_cores
+from .measure import PROCESS_CORES, Measurement, Protocol, measure_callable, measure_interleaved, measurement_cores
 from .model import Model, is_onnx
 from .registry import BackendRef, get_backend
 from .target import Target, TuningBudget
@@ -189,12 +189,12 @@ def compare_frames_fresh(frames: Mapping[str, tuple[Mapping[str, FrameModel], Sc
     """:func:`compare_frames` in a fresh process: every model compiled there again on its backend, then the frames
     timed side by side.
 
-    A process that has trained NNs, compiled dozens of candidates and driven closed-loop runs timed a frame of two
-    models at up to 1.7-1.9x the sum of its models and a frame of one at its model's (the side-by-side stage of a
-    quick CropFollow run on a 2-core machine): a 2.87x ratio where separate processes timed 1.69x. A ratio of frames
-    is the product's headline, so it is taken where nothing of the run's state can reach it: in this process the
-    ratio came within about 5 % of separate processes' in every run re-timed, though its absolute figures have still
-    run 1.15-2.1x slow right after a run (docs/BENCHMARKS.md, "The side-by-side stage in a fresh process"). The
+    A ratio of frames is the product's headline, so it is taken where nothing of the run's state can reach it: a
+    run's process that had trained NNs, compiled dozens of candidates and driven closed-loop runs timed a frame of
+    two models at up to 1.7-1.9x the sum of its models (docs/BENCHMARKS.md, "The side-by-side stage in a fresh
+    process"). Most of that was one cause, found later: TVM had bound the run's main thread to one core, so its
+    measurements and the child it started ran 2-thread models on one core; the child now starts on this process's
+    cores (:data:`.measure.PROCESS_CORES`) and TVM binds nothing. The
     process is a new interpreter started with ``subprocess``, not multiprocessing's ``spawn``, which imports the
     caller's main module again and so fails in a user's script that calls ``qaopt.optimize`` without a main guard;
     it gets the caller's import path and environment. The models travel pickled (torch modules and tensors by value,
@@ -205,7 +205,10 @@ def compare_frames_fresh(frames: Mapping[str, tuple[Mapping[str, FrameModel], Sc
         job, out = Path(folder) / "job.pickle", Path(folder) / "measured.pickle"
         payload = pickle.dumps((dict(frames), target, rounds, None if cache_dir is None else str(cache_dir)))
         job.write_bytes(pickle.dumps((list(sys.path), tuple(imports), payload)))
-        code = f"from {__name__} import _compare_job; _compare_job({str(job)!r}, {str(out)!r})"
+        # On this process's cores before anything is imported there: a child starts on its calling thread's cores,
+        # which a runtime may have narrowed (measure.PROCESS_CORES), and kernels reads its cores on import.
+        pin = f"import os; os.sched_setaffinity(0, {list(PROCESS_CORES)!r}); " if PROCESS_CORES else ""
+        code = f"{pin}from {__name__} import _compare_job; _compare_job({str(job)!r}, {str(out)!r})"
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         if not out.exists():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -11,6 +11,7 @@ They are split in two so that tuning (:mod:`.tuning`) can sit between their halv
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,9 +153,17 @@ def build(prepared: Prepared, database: Any = None) -> Any:
 
 
 def configure_threads(threads: int | None) -> None:
-    """Size TVM's runtime thread pool (all cores when ``None``)."""
+    """Size TVM's runtime thread pool (all cores when ``None``), its threads left unbound.
+
+    TVM binds its pool's threads to cores, the calling thread included, natively and for good: after one TVM
+    model ran, the thread that ran it stayed on core 0, and every later measurement that read its cores from that
+    thread ran a 2-thread model on one core (a quick CropFollow run timed its side-by-side frames of two NNs 1.4-2x
+    slow). qaopt pins the threads of every runtime itself while it measures (:func:`.measure.pinned`), so TVM's
+    binding is off (``TVM_BIND_THREADS=0``, unless the environment sets it).
+    """
     import tvm
 
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
     if threads:
         tvm.get_global_func("runtime.config_threadpool")(1, threads)
 

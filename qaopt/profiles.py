@@ -37,7 +37,8 @@ PROFILES: dict[str, Profile] = {
     # trials leave no later trial for one to correct (the front's validation runs the same seeds
     # right after). Three front configurations may be validated: the informed cheapest, its milder
     # fallback, and then the fastest plain precision, so a run whose informed trials both fail
-    # closed-loop still ends with an application-aware configuration.
+    # closed-loop still ends with an application-aware configuration; as six runs cannot accept,
+    # validation stops at the first one with no failing run (the slower ones could not be chosen).
     "quick": Profile(
         name="quick",
         trials=6,

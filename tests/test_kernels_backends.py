@@ -391,3 +391,17 @@ def test_compiling_keeps_inductors_tf32_advice_off_the_console():
                           UserWarning, stacklevel=1)
             warnings.warn("something else", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["something else"]
+
+
+@needs_tvm
+def test_running_a_tvm_model_leaves_the_calling_thread_on_its_cores(tiny, tmp_path):
+    """TVM's pool bound the thread that ran a module to one core, natively and for good, and every later measurement
+    of that thread ran its threads there; qaopt turns the binding off (it pins threads itself while measuring)."""
+    import os
+
+    model, x, _ = tiny
+    cores = os.sched_getaffinity(0)
+    compiled = kernels.get_backend("tvm", cache_dir=tmp_path).compile(model, [x], Target(threads=len(cores)))
+    compiled.measure(QUICK)
+    compiled.run(x.numpy())
+    assert os.sched_getaffinity(0) == cores

@@ -97,10 +97,29 @@ def test_compare_frames_times_compiled_frames_side_by_side(workloads, monkeypatc
         frames[schedule] = ({n: kernels.compile(w.model, w.example_inputs, model_target) for n, w in workloads.items()},
                             schedule)
     frames["one model"] = ({"a": frames["sequential"][0]["a"]}, "sequential")
-    out = kernels.compare_frames(frames, target, rounds=2, protocol=QUICK)
+    calls = {}  # each frame's models counted: a frame runs every model of it once per call
+
+    class Counted:
+        def __init__(self, compiled, key):
+            self.compiled, self.key = compiled, key
+            calls[key] = 0
+
+        def inference(self):
+            run = self.compiled.inference()
+
+            def call():
+                calls[self.key] += 1
+                return run()
+            return call
+
+    counted = {name: ({n: Counted(c, (name, n)) for n, c in models.items()}, schedule)
+               for name, (models, schedule) in frames.items()}
+    out = kernels.compare_frames(counted, target, rounds=2, protocol=QUICK)
     assert set(out) == set(frames) and all(len(m.samples_ms) == 2 * QUICK.repeats for m in out.values())
     assert len({m.epoch for m in out.values()}) == 1
-    assert out["one model"].median_ms < out["sequential"].median_ms
+    for schedule in kernels.SCHEDULES:
+        assert calls[(schedule, "a")] == calls[(schedule, "b")] > 0
+    assert calls[("one model", "a")] > 0
     with pytest.raises(kernels.KernelsError, match="schedule: 'zigzag'"):
         kernels.frame_target(target, "zigzag", 2)
 

@@ -117,6 +117,22 @@ def test_pinning_moves_every_thread_of_the_process_and_restores_it():
         worker.join()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to narrow one thread to one")
+def test_measurement_cores_are_the_process_cores_when_a_runtime_narrowed_the_calling_thread():
+    """A runtime can bind the calling thread to one core natively (TVM's pool did); a 2-thread measurement read its
+    cores from that thread and ran on one."""
+    from qaopt.kernels.measure import PROCESS_CORES, measurement_cores
+
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # what the runtime did
+    try:
+        assert measurement_cores(2) == PROCESS_CORES[:2]
+        assert len(measurement_cores(2)) == 2
+        assert measurement_cores(None) == PROCESS_CORES
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
 def test_models_side_by_side_are_pinned_to_the_cores_of_all_of_them(monkeypatch):
     import contextlib
     import os

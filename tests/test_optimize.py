@@ -503,6 +503,44 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
     assert not grown.contains(dominated.errors) and any(o.source == "closed-loop" for o in grown.observations)
 
 
+def test_a_quick_validation_stops_at_the_fastest_unrefuted_configuration(tiny_run, monkeypatch, tmp_path):
+    """Where the plan's runs cannot accept anything, the fastest configuration with no failing run is the choice, so
+    the slower ones are not validated; a plan whose runs can accept goes on looking for an accepted one."""
+    import dataclasses
+
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.closed_loop import acceptable_failures
+    from qaopt.result import Validation
+    from qaopt.stages.region import ClosedLoopEvidence
+
+    spec_path, result = tiny_run
+    region = ErrorRegion.load(result.region)
+    inside = [p.errors for p in region.labelled() if p.valid][0]
+    configs = [result.reference.model_copy(update={
+        "trial": t, "errors": inside, "latency_ms": float(t),
+        "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-{t}"}) for n, c in result.reference.nns.items()}})
+        for t in (1, 2)]
+    validated = []
+
+    def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, **_):
+        validated.append(trial)
+        return Validation(trial=trial, runs=runs, passes=runs, failures=0, verdict="undecided", accepted=False,
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0)
+
+    ctx = _validation_ctx(spec_path, tmp_path / "quick", monkeypatch, fake_validation)
+    assert acceptable_failures(ctx.plan.application.acceptance, ctx.plan.validation_runs) < 0, "quick cannot accept"
+    front = validation_stage.validate_front(ctx, configs, _calibrated(region, ctx), ClosedLoopEvidence(),
+                                            result.reference)
+    assert validated == [1] and front.chosen.trial == 1
+
+    validated.clear()
+    ctx = type(ctx)(dataclasses.replace(ctx.plan, validation_runs=50, cache_dir=tmp_path / "default"), {}, None)
+    assert acceptable_failures(ctx.plan.application.acceptance, 50) >= 0
+    front = validation_stage.validate_front(ctx, configs, _calibrated(region, ctx), ClosedLoopEvidence(),
+                                            result.reference)
+    assert validated == [1, 2] and front.chosen.trial == 1
+
+
 def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeypatch, tmp_path):
     from qaopt.calibrate import ErrorRegion
     from qaopt.result import Validation

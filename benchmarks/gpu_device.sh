@@ -14,7 +14,8 @@
 #            default profile, started in the background, each on a GPU and a half of the cores of its own where the
 #            machine has two GPUs (the first half and GPU 0 for ResNet-18), so that two runs never share a GPU or
 #            a measured core; on a machine with one GPU, start one of them at a time: it gets every core;
-#            its record (gpu.py default) is written when it ends
+#            its record (gpu.py default) is written when it ends, then its chosen NNs are timed (gpu.py latency,
+#            latency-<name>.json), so that a device session needs no call of its own for them
 #            (its log and records in $BG, /tmp/qaopt-gpu-bg: a later call's $OUT is another folder)
 #   progress the last lines of each background run's log, and a snapshot of each run into $OUT (<name>-snapshot.tgz)
 #   poll     wait up to $QAOPT_POLL_S seconds (default 500) while a default run goes on, then progress; says whether
@@ -38,6 +39,9 @@ PY=${QAOPT_GPU_PYTHON:-/opt/torch/.venv/bin/python}
 BIN=$(dirname "$PY")
 RUN=examples/runs/cropfollow-gpu
 BG=/tmp/qaopt-gpu-bg
+# A default run, or the latency step that follows it. The brackets keep pgrep from matching a command line that only
+# names the pattern (the device call's own shell, a poll loop's).
+RUNNING="[q]aopt optimize|[g]pu.py (default|latency)"
 mkdir -p "$OUT" "$BG"
 
 # A default run's spec, run folder, GPU and cores: $1 is compact or resnet18.
@@ -94,7 +98,8 @@ for step in "$@"; do
         '$BIN/qaopt' optimize '$SPEC' --profile default >> '$BG/$name.log' 2>&1
         echo \"exit \$?\" >> '$BG/$name.log'
         '$PY' benchmarks/gpu.py default '$DIR' --seconds \$(( \$(date +%s) - start )) --out '$BG/$name.json'
-        cp '$DIR/result.json' '$BG/$name-result.json'; cp '$DIR/report.md' '$BG/$name-report.md'" \
+        cp '$DIR/result.json' '$BG/$name-result.json'; cp '$DIR/report.md' '$BG/$name-report.md'
+        '$PY' benchmarks/gpu.py latency '$DIR' --out '$BG/latency-$name.json' >> '$BG/$name.log' 2>&1" \
         > "$BG/$name-bg.log" 2>&1 < /dev/null &
       echo "$name: $SPEC on GPU $GPU, cores $CORES"
       ;;
@@ -121,15 +126,14 @@ for step in "$@"; do
       cp -r "$BG"/. "$OUT"/
       ;;
     wait-default)
-      while pgrep -f "[q]aopt optimize" > /dev/null; do sleep 5; done
+      while pgrep -f "$RUNNING" > /dev/null; do sleep 5; done
       ;;
     poll)
-      # Up to $QAOPT_POLL_S seconds (default 500) for the default runs, then `progress`. The pattern's brackets keep
-      # pgrep from matching a command line that only names it (the device call's own shell, a poll loop's).
+      # Up to $QAOPT_POLL_S seconds (default 500) for the default runs and their latency steps, then `progress`.
       end=$(( SECONDS + ${QAOPT_POLL_S:-500} ))
-      while [ $SECONDS -lt $end ] && pgrep -f "[q]aopt optimize" > /dev/null; do sleep 5; done
+      while [ $SECONDS -lt $end ] && pgrep -f "$RUNNING" > /dev/null; do sleep 5; done
       bash "$0" progress
-      pgrep -f "[q]aopt optimize" > /dev/null && echo "still running" || echo "every default run has ended"
+      pgrep -f "$RUNNING" > /dev/null && echo "still running" || echo "every default run has ended"
       ;;
     latency-compact|latency-resnet18)
       name=${step#latency-}; placement "$name"

@@ -129,6 +129,13 @@ class RunMetric(_Model):
         None, description="sum over the runs, for counts only (a sum of e.g. distances or gaps means nothing)")
 
 
+class RanNN(_Model):
+    """An NN as it ran in a closed-loop validation: which candidate, and which bytes of it."""
+
+    candidate: str = Field(description="the candidate's key (the approximation cache's entry)")
+    bytes_hash: str | None = Field(None, description="Candidate.bytes_hash of the NN that ran; None: not recorded")
+
+
 class Validation(_Model):
     """Closed-loop runs of a configuration with its real approximated NNs in the loop."""
 
@@ -150,6 +157,9 @@ class Validation(_Model):
     label: str | None = Field(None, description=(
         "what the configuration is when no trial of the aware study is (the application-agnostic baseline, "
         "combined from its per-NN studies); None: the trial, or the reference"))
+    nns: dict[str, RanNN] = Field(default_factory=dict, description=(
+        "each NN that ran: its candidate key and the hash of its bytes, the NNs this verdict is about (a rebuild "
+        "of the same key into other bytes is validated again); empty before it was recorded"))
 
     @property
     def name(self) -> str:

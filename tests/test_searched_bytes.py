@@ -130,6 +130,46 @@ def test_a_rebuild_into_other_bytes_outside_the_region_is_not_validated(searched
     assert "configurations whose rebuilt NNs left the region were not validated" in report
 
 
+def test_a_verdict_is_cached_for_the_bytes_that_ran(searched, tmp_path, monkeypatch):
+    """A rebuild inside the region under the same knobs is validated again: the cached verdict was about other
+    bytes. The same bytes again read it back; each verdict names the NNs (key and bytes) it is about."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import qaopt.stages.validation as validation_stage
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.plan import build_plan
+    from qaopt.result import RanNN, Validation
+    from qaopt.search import SearchContext
+    from qaopt.spec import load_spec
+
+    spec_path, first = searched
+    plan = dataclasses.replace(build_plan(load_spec(spec_path), "quick"), cache_dir=tmp_path / "cache",
+                               run_dir=tmp_path / "runs")
+    ctx = SearchContext(plan, plan.application.target_nns(plan.cache_dir), ErrorRegion.load(first.region))
+    monkeypatch.setattr(SearchContext, "candidates", lambda self, config: {n: SimpleNamespace(predict=None)
+                                                                           for n in config.nns})
+    ran = []
+
+    def closed_loop(*args, trial, region_predicted_valid, **kwargs):
+        ran.append(trial)
+        return Validation(trial=trial, runs=6, passes=6, failures=0, verdict="valid", accepted=False,
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0)
+
+    monkeypatch.setattr(validation_stage, "validate_closed_loop", closed_loop)
+    searched_config = first.aware
+    rebuilt = searched_config.model_copy(update={"nns": {
+        n: c.model_copy(update={"bytes_hash": "0" * 16}) for n, c in searched_config.nns.items()}})
+
+    verdicts = [validation_stage.validate_configuration(ctx, config, runs=6)
+                for config in (searched_config, rebuilt, searched_config)]
+    assert ran == [searched_config.trial] * 2, "the rebuild read the searched bytes' verdict, or a verdict ran twice"
+    assert verdicts[0].nns == {n: RanNN(candidate=c.candidate, bytes_hash=c.bytes_hash)
+                               for n, c in searched_config.nns.items()}
+    assert {r.bytes_hash for r in verdicts[1].nns.values()} == {"0" * 16}
+    assert verdicts[2] == verdicts[0]
+
+
 HASH_IN_A_PROCESS = textwrap.dedent("""
     import sys
     from pathlib import Path

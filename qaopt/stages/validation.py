@@ -1,8 +1,10 @@
 """The validation stage: the fastest configurations of the aware front run closed-loop with their real NNs.
 
-Each configuration's validation is cached under the key of its candidates, the
+Each configuration's validation is cached under the key of its candidates and their bytes, the
 number of runs, the application and the seeds, so a resumed run, or the agnostic
-study proposing the same NNs, spends nothing on it again. A configuration that
+study proposing the same NNs, spends nothing on it again, while NNs rebuilt into other
+bytes under the same knobs (GPU fine-tuning is not bitwise reproducible) run again: a
+verdict is about the bytes that ran. A configuration that
 fails closed-loop becomes evidence against its error point (``closed_loop.json``,
 see :mod:`qaopt.stages.region`): the region this run uses is rebuilt with it, and
 by monotonicity every front configuration with errors at least as large is skipped
@@ -45,7 +47,7 @@ from qaopt.closed_loop import (
 from qaopt.events import RunBlock, StageEvents
 from qaopt.executor import ShippedNN
 from qaopt.pipeline import BaseStage, StageRun, register_stage
-from qaopt.result import Configuration, Validation
+from qaopt.result import Configuration, RanNN, Validation
 from qaopt.search import SearchContext
 from qaopt.stages.reference import Reference
 from qaopt.stages.region import CalibratedRegion, ClosedLoopEvidence, ClosedLoopRun
@@ -185,7 +187,7 @@ def validate_configuration(
         threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, limits=app.limits,
         seed_base=seed_base, **parallel, **labels,
     )
-    validation = validation.model_copy(update={"label": configuration})
+    validation = validation.model_copy(update={"label": configuration, "nns": _ran(config)})
     store.write_model(path, validation, VALIDATION_VERSION)
     if events:
         events.note(f"{label}{name}: {validation.verdict} after {validation.runs} runs, {validation.failures} failed")
@@ -205,7 +207,12 @@ def _read_version_1(path) -> Validation | None:
 
 
 def _candidates(config: Configuration) -> dict[str, str]:
-    return {n: c.candidate for n, c in config.nns.items()}
+    """The cache identity of ``config``'s NNs: each candidate key, with its bytes' hash where the search recorded one."""
+    return {n: c.candidate if c.bytes_hash is None else f"{c.candidate}:{c.bytes_hash}" for n, c in config.nns.items()}
+
+
+def _ran(config: Configuration) -> dict[str, RanNN]:
+    return {n: RanNN(candidate=c.candidate, bytes_hash=c.bytes_hash) for n, c in config.nns.items()}
 
 
 @dataclass(frozen=True)

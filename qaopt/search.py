@@ -46,7 +46,7 @@ from qaopt.events import Trial as TrialEvent
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
 from qaopt.plan import MergePlan, RunPlan
-from qaopt.seeding import Unit, informed_trials, precision_trials
+from qaopt.seeding import Unit, configuration_params, informed_trials, precision_trials
 from qaopt.stress import StressSet, cached_errors, stressed_coordinate
 from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
 from qaopt.result import AgnosticRule, Configuration, NNTolerance, Rebuilt, StudySummary, TrialRecord, Validation
@@ -502,9 +502,13 @@ def run_study(
     region: RegionSource,
     events: StageEvents,
     on_done: Callable[[optuna.Study, FrozenTrial], None] = lambda study, trial: None,
+    known: Sequence[Configuration] = (),
 ) -> optuna.Study:
     """Create or resume the application-aware study and run it until it holds the plan's number of finished trials
     (the agnostic baseline is a study per NN or merge group: :mod:`qaopt.agnostic`).
+
+    ``known`` are configurations found before the study (the agnostic choice), each enqueued as a trial after the
+    informed ones (:mod:`qaopt.seeding`), so the study measures and judges them as its own.
 
     Several workers (processes, machines) may run this on one storage at once: the
     trial count is shared, so together they run ``plan.trials``. Each trial is judged by
@@ -528,6 +532,8 @@ def run_study(
     if len(study.get_trials(deepcopy=False)) <= 1:  # a new study (a resumed one has its informed trials)
         for informed in informed_trials(ctx, region.current().region, events.note):
             study.enqueue_trial(informed, skip_if_exists=True)
+    for config in known:
+        study.enqueue_trial(configuration_params(ctx, config), skip_if_exists=True)
     # Then each precision alone, apart and then on each merged NN (precision_trials).
     probes = {nn: spaces[nn].probes(alone=True) for nn in reference_knobs}
     for trial in precision_trials(params, reference_knobs, probes, {g: ctx.merge_leads[g] for g in plan.merge_groups}):

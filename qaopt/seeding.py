@@ -29,7 +29,11 @@ knobs make it the one to fall back on when closed-loop runs reject the cheapest 
 region is a model of the application; validation takes the fastest configuration that
 passes, so a fallback that is already built and measured costs one cached trial). A
 probe the screening found slower than the reference on every unit is not tried as a
-trial. Then come each precision alone, apart and on each merged NN (:func:`precision_trials`).
+trial. Then comes the application-agnostic choice (:func:`configuration_params`): it is inside the
+aware study's space and usually inside the region, so the aware study always measures it, and its front
+can never be slower than the baseline for want of proposing it (on CropFollow's default profile the
+study's 24 trials did not, and the configuration it validated was 0.83x the agnostic one). Then each
+precision alone, apart and on each merged NN (:func:`precision_trials`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from qaopt.calibrate import ErrorRegion
 from qaopt.plan import MergePlan
 
 if TYPE_CHECKING:
+    from qaopt.result import Configuration
     from qaopt.search import SearchContext
 
 WALK_BUILDS = 6
@@ -250,6 +255,28 @@ def precision_trials(reference: Mapping[str, Any], knobs: Mapping[str, Knobs], p
         trials += [{**reference, group.param: True, **changed(lead, probe)} for probe in probes[lead]
                    if changed(lead, probe)]
     return trials
+
+
+def configuration_params(ctx: SearchContext, config: Configuration) -> dict[str, Any]:
+    """The study's trial parameters under which a trial builds ``config`` (its NNs' knobs, each merge group merged
+    or apart as it is there, its schedule): a configuration found elsewhere, such as the agnostic choice, enqueued.
+
+    A merged NN takes its group lead's knobs; the other members' parameters are left to the sampler (a merged
+    trial does not read them).
+    """
+    plan = ctx.plan
+    params: dict[str, Any] = {"schedule": config.schedule}
+    merged: set[str] = set()
+    for group in plan.merge_groups:
+        lead = ctx.merge_leads[group]
+        params[group.param] = sorted(config.nns[lead].serves) == sorted(group.nns)
+        if params[group.param]:
+            merged.update(group.nns)
+            params.update(plan.knob_spaces[lead].params_of(Knobs.model_validate(config.nns[lead].knobs), lead))
+    for nn, choice in config.nns.items():
+        if nn not in merged:
+            params.update(plan.knob_spaces[nn].params_of(Knobs.model_validate(choice.knobs), nn))
+    return params
 
 
 def _describe(choice: Mapping[Unit, tuple[Probe, ...]]) -> str:

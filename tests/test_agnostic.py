@@ -114,3 +114,23 @@ def test_the_agnostic_search_reaches_the_optimum_exhaustive_enumeration_finds(tm
     again = search_agnostic(ctx, open_storage(f"sqlite:///{tmp_path / 'study.db'}"), FixedRegion(ctx.space),
                             Events().for_stage("agnostic search"))
     assert again.chosen == found.chosen and again.converged == found.converged
+
+
+def test_the_aware_study_runs_the_agnostic_choice_as_one_of_its_trials(tmp_path, monkeypatch):
+    """The baseline's choice (here NN a at its first pruning level, b at its last: no trial samples it by chance) is
+    enqueued in the aware study, so the aware side can never end slower than the baseline for want of proposing it."""
+    from qaopt.search import run_study, summarize
+    from qaopt.seeding import configuration_params
+
+    ctx = _context(tmp_path, monkeypatch)
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    chosen = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search")).chosen
+    assert chosen is not None and all(c.knobs["prune_ratio"] > 0 for c in chosen.nns.values()), chosen
+
+    study = run_study(ctx, storage, FixedRegion(ctx.space), Events().for_stage("aware search"), known=[chosen])
+
+    wanted = configuration_params(ctx, chosen)
+    [trial] = [t for t in summarize(study, ctx.plan.objectives).trials if wanted.items() <= t.params.items()]
+    assert trial.state == "complete" and trial.errors == chosen.errors
+    if trial.configuration is not None:
+        assert {n: c.candidate for n, c in trial.configuration.nns.items()} == {n: c.candidate for n, c in chosen.nns.items()}

@@ -36,7 +36,7 @@ from qaopt.stages.region import RegionStage
 
 TINY = Path(__file__).resolve().parent / "apps" / "tiny.yaml"
 
-BUILTIN = ["calibration", "reference NNs", "pruning ladders", "aware search", "agnostic search",
+BUILTIN = ["calibration", "reference NNs", "pruning ladders", "agnostic search", "aware search",
            "closed-loop validation", "side-by-side measurement", "artifacts and report"]
 
 STAGE_PLUGIN = '''

@@ -1,10 +1,12 @@
-"""The search stages: the application-aware study, then the application-agnostic baseline.
+"""The search stages: the application-agnostic baseline, then the application-aware study.
 
 Both search the same per-NN knob spaces and share every cached candidate and
-measurement (:mod:`qaopt.search`). The aware study is judged by the region that the
-closed-loop checks own (:class:`~qaopt.stages.checks.ClosedLoopChecks`, which correct it
-as the study runs); the agnostic baseline by each NN's tolerance (:mod:`qaopt.tolerance`),
-one study per NN or merge group (:mod:`qaopt.agnostic`). The studies live in the Optuna
+measurement (:mod:`qaopt.search`). The agnostic baseline is judged by each NN's tolerance
+(:mod:`qaopt.tolerance`), one study per NN or merge group (:mod:`qaopt.agnostic`); the aware
+study by the region that the closed-loop checks own (:class:`~qaopt.stages.checks.ClosedLoopChecks`,
+which correct it as the study runs). The baseline comes first because its choice is one of the aware
+study's trials: what per-NN tolerances find is inside the aware study's space, so the aware side
+never ends slower than the baseline for want of proposing it. The studies live in the Optuna
 storage (``study.db`` or ``--storage``), under names that hold the spec's hash, so a
 resumed run continues them.
 """
@@ -35,7 +37,7 @@ class AwareStudyStage(BaseStage):
     """The application-aware study: feasible inside the region, corrected by closed-loop checks as it runs."""
 
     name = "aware search"
-    inputs = ("calibration", "reference NNs", "pruning ladders")
+    inputs = ("calibration", "reference NNs", "pruning ladders", "agnostic search")
     artifact = "the Optuna storage; closed_loop.json when a check fails"
 
     def total(self, run: StageRun, inputs) -> float | None:
@@ -46,7 +48,9 @@ class AwareStudyStage(BaseStage):
         calibrated: CalibratedRegion = inputs["calibration"]
         events = run.emitter(self.name)
         checks = ClosedLoopChecks(reference.ctx, calibrated, events, executor=run.executor)
-        study = run_study(reference.ctx, run.storage, checks, events, on_done=checks)
+        agnostic: AgnosticSearch = inputs["agnostic search"]
+        study = run_study(reference.ctx, run.storage, checks, events, on_done=checks,
+                          known=[agnostic.chosen] if agnostic.chosen is not None else [])
         checks.absorb(study)  # the checks other workers sharing the study ran, or a run before a kill
         return AwareSearch(summarize(study, run.plan.objectives), checks)
 
@@ -57,7 +61,7 @@ class AgnosticStudyStage(BaseStage):
     (:mod:`qaopt.agnostic`)."""
 
     name = "agnostic search"
-    inputs = ("reference NNs", "pruning ladders", "aware search")
+    inputs = ("calibration", "reference NNs", "pruning ladders")
     artifact = "the Optuna storage (a study per unit)"
 
     def total(self, run: StageRun, inputs) -> float | None:
@@ -65,8 +69,8 @@ class AgnosticStudyStage(BaseStage):
 
     def run(self, run: StageRun, inputs) -> AgnosticSearch:
         reference: Reference = inputs["reference NNs"]
-        aware: AwareSearch = inputs["aware search"]
-        # The region as the aware study's checks left it: an agnostic configuration's "in region" is judged by
-        # what the run knows at the end, the same evidence validation starts from.
-        region = FixedRegion(aware.checks.current().region)
+        calibrated: CalibratedRegion = inputs["calibration"]
+        # The region with the run folder's closed-loop evidence; the validation stage judges the choice again by
+        # the region the aware study's checks leave.
+        region = FixedRegion(calibrated.searched())
         return search_agnostic(reference.ctx, run.storage, region, run.emitter(self.name))

@@ -253,10 +253,13 @@ class ValidationStage(BaseStage):
             front = replace(front, evidence=grown)
         if front.evidence is not evidence:
             front.evidence.save(run.plan.run_dir)
-        # The agnostic choice, re-checked against its tolerance where its NNs were rebuilt.
+        # The agnostic choice, re-checked against its tolerance where its NNs were rebuilt, and placed in the region
+        # as the aware study's checks left it (the evidence validation starts from).
         searched = inputs["agnostic search"].chosen
-        agnostic = None if searched is None else reference.ctx.rechecked(searched, "agnostic",
-                                                                          aware.checks.current().region, events.note)
+        region = aware.checks.current().region
+        agnostic = None if searched is None else reference.ctx.rechecked(searched, "agnostic", region, events.note)
+        if agnostic is not None:
+            agnostic = agnostic.model_copy(update={"in_region": region.contains(agnostic.errors)})
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
         # (free when it is the aware choice's NNs, already run on these seeds).
         agnostic_validation = (validate_configuration(reference.ctx, agnostic, seed_base=ACCEPTANCE_SEED_BASE,

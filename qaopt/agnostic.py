@@ -208,6 +208,9 @@ def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: Stage
     if ATTR_SKIPPED in study.user_attrs:
         return study
     if not study.get_trials(deepcopy=False):  # a new study (a resumed one has its seeds)
+        if unit.group is not None:  # its first build distils the merged NN: minutes on a CPU, once per cache
+            events.note(f"{MODE} {unit_label(unit)}: building the merged NN with nothing else approximated, to see "
+                        "whether any trial of it can be within tolerance")
         if why := merge_outside(ctx, unit):
             events.note(f"{MODE} {unit_label(unit)}: not searched: {why}")
             study.set_user_attr(ATTR_SKIPPED, why)

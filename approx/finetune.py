@@ -4,13 +4,21 @@ The teacher's outputs carry what it learned beyond the labels (and are free of
 label noise), so the student recovers faster than from labels alone; the labels
 keep it from copying the teacher's mistakes. Budgets are in optimizer steps so a
 candidate's cost is known before it is built; the defaults fit a CPU.
+
+On a GPU, training runs with deterministic kernels (:func:`reproducible`): a candidate's cache key
+names what it is built from, and a run resumed on another machine of the same kind (or with a fresh
+cache) rebuilds it; only bytes equal to the searched ones keep the search's measurements and the
+closed-loop verdicts, which are cached for the bytes that ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Callable
+import os
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 
@@ -22,6 +30,33 @@ from torch import nn
 from .cache import Store
 from .quantize import predict_torch
 from .target import TargetNN
+
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+"""cuBLAS is deterministic only with a fixed workspace, read when a process first uses it: set (unless the
+environment sets it) when this module is imported, before any training, so a run's first cuBLAS call sees it."""
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+
+
+@contextlib.contextmanager
+def reproducible(device: torch.device) -> Iterator[None]:
+    """Deterministic kernels while training on a GPU (nothing changes on a CPU, whose kernels already are): cuDNN's
+    deterministic algorithms, no autotuned choice, and torch's deterministic implementations where it has them.
+    An operation without one (AdaptiveAvgPool2d's CUDA backward, which at a 1x1 output sums without atomics)
+    runs as it is, without torch's warning; the settings are put back after."""
+    if device.type != "cuda":
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
 
 
 @dataclass(frozen=True)
@@ -114,12 +149,13 @@ class Distiller:
         student.to(self.device, memory_format=torch.channels_last)
         opt = torch.optim.AdamW(student.parameters(), lr=r.lr, weight_decay=r.weight_decay)
         student.train()
-        for step in range(steps):
-            for group in opt.param_groups:
-                group["lr"] = r.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-            opt.zero_grad(set_to_none=True)
-            self.loss(student, self.batch()).backward()
-            opt.step()
+        with reproducible(self.device):
+            for step in range(steps):
+                for group in opt.param_groups:
+                    group["lr"] = r.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+                opt.zero_grad(set_to_none=True)
+                self.loss(student, self.batch()).backward()
+                opt.step()
         student.to("cpu", memory_format=torch.contiguous_format).eval()
 
 
@@ -127,6 +163,7 @@ def teacher_outputs(nn_: TargetNN, store: Store, device: str = "cpu") -> np.ndar
     """The unpruned NN's outputs on its training data: what every student of it distils from (computed once, cached)."""
     outputs = store.teacher_outputs(nn_.fingerprint)
     if outputs is None:
-        outputs = predict_torch(copy.deepcopy(nn_.model).float().eval(), nn_.data.x_train, device=device)
+        with reproducible(torch.device(device)):
+            outputs = predict_torch(copy.deepcopy(nn_.model).float().eval(), nn_.data.x_train, device=device)
         store.save_teacher_outputs(nn_.fingerprint, outputs)
     return outputs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import time
 from types import SimpleNamespace
 
@@ -355,3 +356,20 @@ def test_the_output_layer_is_found_whatever_ids_freed_tensors_leave():
     model = LaneKeepNet("lane").eval()
     inputs = [torch.zeros(1, 3, 120, 160)] + [torch.rand(1, 3, 120, 160) for _ in range(20)]
     assert {tuple(output_heads(model, x)[0].weight.shape) for x in inputs} == {(1, 64)}
+
+
+def test_gpu_training_runs_with_deterministic_kernels_and_puts_the_settings_back():
+    """The switches :func:`reproducible` turns on for a GPU (settable without one), and off again; a CPU is left alone."""
+    from qaopt.approx.finetune import reproducible
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    with reproducible(torch.device("cpu")):
+        assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+                torch.backends.cudnn.benchmark) == before
+    with reproducible(torch.device("cuda")):
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark) == before
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG"), "cuBLAS's fixed workspace is set before any training"

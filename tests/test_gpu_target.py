@@ -7,6 +7,11 @@ caller's module where it was) are tested everywhere in ``test_kernels_backends.p
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -121,3 +126,27 @@ def test_a_run_searched_on_cuda_graphs_compares_and_exports_on_autos_fastest(tmp
         timed = {b: ms for b, ms in c.backends_measured.items() if isinstance(ms, float)}
         assert c.backend == min(timed, key=timed.get)
     assert result.search_backend == "torch[cuda_graph]"
+
+
+REBUILD = textwrap.dedent("""
+    import sys
+
+    sys.path.insert(0, sys.argv[2])
+    from test_approx_build import FAST, SHAPE, build, stripe_data, train_base
+
+    from qaopt.approx import ErrorMetric, Knobs, TargetNN
+
+    data = stripe_data()
+    nn_ = TargetNN("heading", train_base(data), data, SHAPE, ErrorMetric("l1", 0))
+    candidate = build(nn_, Knobs(prune_ratio=0.5, finetune_steps=40), cache_dir=sys.argv[1], recipe=FAST, device="cuda")
+    print(candidate.bytes_hash)
+""")
+
+
+def test_a_candidate_fine_tuned_on_the_gpu_is_rebuilt_into_the_same_bytes(tmp_path):
+    """Two processes, two empty caches: a pruned NN (batch norm, dropout, adaptive pooling) fine-tuned on the GPU
+    comes out bit for bit the same, so a run resumed elsewhere keeps its measurements and closed-loop verdicts."""
+    hashes = [subprocess.run([sys.executable, "-c", REBUILD, str(tmp_path / f"cache{i}"), str(Path(__file__).parent)],
+                             capture_output=True, text=True, check=True, timeout=600).stdout.split()[-1]
+              for i in range(2)]
+    assert hashes[0] == hashes[1]

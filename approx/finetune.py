@@ -41,8 +41,9 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
 def reproducible(device: torch.device) -> Iterator[None]:
     """Deterministic kernels while training on a GPU (nothing changes on a CPU, whose kernels already are): cuDNN's
     deterministic algorithms, no autotuned choice, and torch's deterministic implementations where it has them.
-    An operation without one (AdaptiveAvgPool2d's CUDA backward, which at a 1x1 output sums without atomics)
-    runs as it is, without torch's warning; the settings are put back after."""
+    An operation without one (AdaptiveAvgPool2d's CUDA backward) runs as it is, without torch's warning; whether
+    a whole build then comes out the same bytes is what ``tests/test_gpu_target.py`` checks on a GPU. The
+    settings are put back after."""
     if device.type != "cuda":
         yield
         return

@@ -24,8 +24,9 @@ Four steps, the first three run on the GPU machine:
     and, with ``--max-autotune``, Inductor's autotuning. A frame is one call followed by a
     synchronize; a sample is 20 frames timed by CUDA events; the figure is the median of 30
     samples after at least 50 warm-up frames and 2 s of them (a GPU's clocks ramp up over
-    hundreds of milliseconds of work: 50 frames of a sub-millisecond NN end before). The record compares the best of them with the latency qaopt
-    reported for the NN (``result.json``): the issue's goal is qaopt within 1.2x of the best.
+    hundreds of milliseconds of work: 50 frames of a sub-millisecond NN end before). The record
+    compares the best of them with the latency qaopt reported for the NN (``result.json``): the
+    issue's goal is qaopt within 1.2x of the best.
     It also times the artifact by qaopt's own path (``qaopt_on_artifact``: the backend the run
     chose, qaopt's protocol), which places a gap on the module or on the measurement.
 

@@ -133,4 +133,5 @@ def test_the_aware_study_runs_the_agnostic_choice_as_one_of_its_trials(tmp_path,
     [trial] = [t for t in summarize(study, ctx.plan.objectives).trials if wanted.items() <= t.params.items()]
     assert trial.state == "complete" and trial.errors == chosen.errors
     if trial.configuration is not None:
-        assert {n: c.candidate for n, c in trial.configuration.nns.items()} == {n: c.candidate for n, c in chosen.nns.items()}
+        built = {n: c.candidate for n, c in trial.configuration.nns.items()}
+        assert built == {n: c.candidate for n, c in chosen.nns.items()}

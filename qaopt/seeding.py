@@ -264,19 +264,14 @@ def configuration_params(ctx: SearchContext, config: Configuration) -> dict[str,
     A merged NN takes its group lead's knobs; the other members' parameters are left to the sampler (a merged
     trial does not read them).
     """
-    plan = ctx.plan
-    params: dict[str, Any] = {"schedule": config.schedule}
-    merged: set[str] = set()
-    for group in plan.merge_groups:
+    units: dict[Unit, Knobs] = {}
+    for group in ctx.plan.merge_groups:
         lead = ctx.merge_leads[group]
-        params[group.param] = sorted(config.nns[lead].serves) == sorted(group.nns)
-        if params[group.param]:
-            merged.update(group.nns)
-            params.update(plan.knob_spaces[lead].params_of(Knobs.model_validate(config.nns[lead].knobs), lead))
-    for nn, choice in config.nns.items():
-        if nn not in merged:
-            params.update(plan.knob_spaces[nn].params_of(Knobs.model_validate(choice.knobs), nn))
-    return params
+        if sorted(config.nns[lead].serves) == sorted(group.nns):
+            units[Unit(lead, group)] = Knobs.model_validate(config.nns[lead].knobs)
+    merged = {nn for unit in units for nn in unit.serves}
+    units.update({Unit(nn): Knobs.model_validate(c.knobs) for nn, c in config.nns.items() if nn not in merged})
+    return {**_params(ctx, units, {unit: () for unit in units}), "schedule": config.schedule}
 
 
 def _describe(choice: Mapping[Unit, tuple[Probe, ...]]) -> str:

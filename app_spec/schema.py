@@ -620,6 +620,7 @@ class TargetSpec(Section):
 
 TrainingDevice = Literal["auto", "cpu", "cuda"]
 TRAINING_DEVICES: tuple[str, ...] = get_args(TrainingDevice)
+TrainingPrecision = Literal["auto", "fp32", "bf16"]
 
 
 class TrainingSpec(Section):
@@ -634,6 +635,9 @@ class TrainingSpec(Section):
         "torch device that trains: auto (cuda when torch sees a GPU, else cpu), cpu or cuda"))
     required: bool = Field(False, description=(
         "with device: cuda, fail when there is no GPU instead of training on the CPU with a notice"))
+    precision: TrainingPrecision = Field("auto", description=(
+        "arithmetic of fine-tuning and distillation: auto (bf16 mixed precision on a CPU with bf16 instructions, "
+        "fp32 elsewhere), fp32, or bf16 (mixed precision: weights and optimizer stay fp32)"))
 
 
 MAX_CHECKS_PER_ROUND = 100

@@ -50,6 +50,7 @@ _EXPORTS = {
     "Rung": ".ladder",
     "Candidate": ".candidate",
     "FinetuneRecipe": ".finetune",
+    "native_bf16": ".finetune",
     "sweep": ".sweep",
     "ErrorMetric": ".target",
     "NNData": ".target",

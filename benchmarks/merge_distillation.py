@@ -1,12 +1,15 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
-        [--workers 2] [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
+        [--precision auto] [--workers 2] [--spec examples/cropfollow.yaml] [--cache-dir DIR]
+        [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
 the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
-fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is); measures each member's error on its
+fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is), trained in ``--precision`` (``auto``:
+what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision, so give a
+cache that does not hold that merged NN yet); measures each member's error on its
 own validation data against its reference NN's; and runs the merged NN in the closed loop: ``--runs`` seeded runs
 of the spec's run length, the seeds ``qaopt optimize``'s validation draws, judged with the spec's acceptance test
 on the fixed set of runs. Each finished variant is kept in ``<cache>/merge_distillation/`` and skipped on a re-run
@@ -40,7 +43,7 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
     return load_entry_point(params["entry_point"])(**params["params"]).evaluate_perception(nns, seeds)
 
 
-def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
+def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     from qaopt import kernels
     from qaopt.approx import KnobSpace, TargetNN, build
     from qaopt.approx.merge import MergeGroup, build_merged
@@ -54,11 +57,12 @@ def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
     group = MergeGroup(tuple(nns[n] for n in merge.nns), steps)
     lead = group.lead().name
     base = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")
-    reference = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, onnx=kernels.onnx).error
+    reference = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, recipe=recipe,
+                          onnx=kernels.onnx).error
                  for n, t in nns.items()}
     knobs = base.model_copy(update={"input_scale": args.scale, "finetune_steps": args.adapt})
     start = time.perf_counter()
-    views = build_merged(group, knobs, cache_dir=cache, onnx=kernels.onnx,
+    views = build_merged(group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx,
                          progress=lambda message: print(f"  {message}", flush=True))
     build_s = time.perf_counter() - start
     print(f"{steps} steps: " + ", ".join(f"{n} {v.error:.4g} ({v.error / reference[n]:.3f}x)" for n, v in views.items())
@@ -73,6 +77,7 @@ def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
     failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]
     row = {"steps": steps, "lead": lead, "command": " ".join(["python", *sys.argv]),
            "knobs": {"dtype": "int8", "input_scale": args.scale, "finetune_steps": args.adapt},
+           "precision": recipe.precision,
            "error": {n: v.error for n, v in views.items()}, "reference_error": reference,
            "error_ratio": {n: round(v.error / reference[n], 4) for n, v in views.items()},
            "runs": len(records), "failures": len(failed), "failed_runs": failed,
@@ -82,9 +87,11 @@ def measure(steps: int, args: argparse.Namespace, spec, pool) -> dict:
     return row
 
 
-def variant(steps: int, args: argparse.Namespace) -> str:
-    """The file name a variant is kept under (a full-resolution one as before the scale existed: ``<steps>.json``)."""
-    return f"{steps}.json" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}.json"
+def variant(steps: int, args: argparse.Namespace, precision: str) -> str:
+    """The file name a variant is kept under (a full-resolution fp32 one as before the scale and precision existed:
+    ``<steps>.json``)."""
+    name = f"{steps}" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}"
+    return f"{name}.json" if precision == "fp32" else f"{name}-{precision}.json"
 
 
 def main() -> None:
@@ -94,6 +101,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="the merged NN's input scale (1.0: full resolution)")
     ap.add_argument("--adapt", type=int, default=0, help="fine-tuning steps at that scale")
     ap.add_argument("--runs", type=int, default=48)
+    ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                    help="training arithmetic (auto: what qaopt optimize chooses on this machine)")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "merge_distillation.json")
@@ -104,17 +113,19 @@ def main() -> None:
     from qaopt import kernels
     from qaopt.spec import load_spec
     from qaopt.spec_adapter import cache_dir_of
+    from qaopt.training import finetune_recipe
 
     spec = load_spec(args.spec)
     if not spec.search.merge:
         sys.exit(f"{args.spec}: search.merge: the spec has no merge group to distil")
+    recipe = finetune_recipe(spec.training.model_copy(update={"precision": args.precision}), "cpu")
     done = (args.cache_dir or cache_dir_of(spec)) / "merge_distillation"
     done.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
         for steps in args.steps:
-            path = done / variant(steps, args)
+            path = done / variant(steps, args, recipe.precision)
             if not path.exists():
-                path.write_text(json.dumps(measure(steps, args, spec, pool), indent=1))
+                path.write_text(json.dumps(measure(steps, args, spec, recipe, pool), indent=1))
     rows = sorted((json.loads(p.read_text()) for p in done.glob("*.json")),
                   key=lambda r: (-r["knobs"]["input_scale"], r["knobs"].get("finetune_steps", 0), r["steps"]))
     out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform(),

@@ -26,7 +26,7 @@ SIDES = ("reference", "aware", "agnostic")
 
 def measure(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict:
     from qaopt import kernels
-    from qaopt.approx import Knobs, TargetNN, build
+    from qaopt.approx import FinetuneRecipe, Knobs, TargetNN, build
     from qaopt.approx.merge import MergeGroup, build_merged
     from qaopt.measuring import workload_of
     from qaopt.spec import load_spec
@@ -36,6 +36,7 @@ def measure(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict:
     nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in spec.nns}
     target = kernels.Target.from_spec(spec.target)
     steps = {tuple(g.nns): g.finetune_steps for g in spec.search.merge}
+    recipe = FinetuneRecipe(**result.get("finetune", {}))  # the bytes the run chose, not a retrained NN
     frames, alone = {}, {}
     for side in SIDES:
         models, seen = {}, set()
@@ -47,9 +48,9 @@ def measure(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict:
             serves = choice.get("serves") or []
             if serves:
                 group = MergeGroup(tuple(nns[n] for n in serves), steps[tuple(serves)])
-                candidate = build_merged(group, knobs, cache_dir=cache_dir, onnx=kernels.onnx)[name]
+                candidate = build_merged(group, knobs, cache_dir=cache_dir, recipe=recipe, onnx=kernels.onnx)[name]
             else:
-                candidate = build(nns[name], knobs, cache_dir=cache_dir, onnx=kernels.onnx)
+                candidate = build(nns[name], knobs, cache_dir=cache_dir, recipe=recipe, onnx=kernels.onnx)
             work = workload_of(candidate)
             models[name] = kernels.compile(work.model, work.example_inputs,
                                            target.with_backend(choice["backend"]))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qaopt import kernels
 from qaopt.app_spec import AppSpec, content_hash
@@ -35,6 +35,9 @@ from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of, limits_of, 
 from qaopt.stress import StressSet, record_stress
 from qaopt.target_fit import LeftOut, fit_target, searched_on
 from qaopt.tolerance import Tolerance
+
+if TYPE_CHECKING:
+    from qaopt.approx import FinetuneRecipe
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,8 @@ class RunPlan:
     left_out: tuple[LeftOut, ...]
     """Dtypes the spec lists that the target cannot run, left out of every knob space (each says why)."""
     train_device: str
+    finetune: FinetuneRecipe
+    """How every NN of the run is fine-tuned and distilled (its precision from ``training.precision``)."""
     knob_spaces: Mapping[str, Any]
     """NN -> its :class:`qaopt.approx.KnobSpace` under the profile's caps, less what the target cannot run."""
     merge_groups: tuple[MergePlan, ...]
@@ -230,7 +235,7 @@ def build_plan(
     (:func:`qaopt.target_fit.fit_target`, which refuses a target this machine lacks before anything runs).
     """
     from qaopt.approx import KnobSpace, SearchLimits
-    from qaopt.training import training_device
+    from qaopt.training import finetune_recipe, training_device
 
     prof = profile if isinstance(profile, Profile) else get_profile(profile)
     if trials is not None:
@@ -259,7 +264,8 @@ def build_plan(
         target=(target := _target(spec, prof)),
         search_target=searched_on(spec, target),
         left_out=left_out,
-        train_device=training_device(spec.training, say),
+        train_device=(device := training_device(spec.training, say)),
+        finetune=finetune_recipe(spec.training, device, say),
         knob_spaces={name: KnobSpace.from_section(spec.knobs_for(name), limits, nn=name) for name in spec.nns},
         merge_groups=tuple(MergePlan(tuple(g.nns), g.finetune_steps) for g in spec.search.merge),
         closed_loop=ClosedLoopPlan(

@@ -443,6 +443,10 @@ class Result(_Model):
         "configurations whose NNs were rebuilt into other bytes than the search measured, each re-checked against "
         "the region (empty when every NN used was the one searched)"))
     studies: dict[str, StudySummary]
+    finetune: dict[str, Any] = Field(default_factory=dict, description=(
+        "the recipe the run fine-tuned and distilled the NNs it built with (qaopt.approx.FinetuneRecipe's fields), "
+        "so that a tool that rebuilds a candidate into an empty cache trains it as the run did; empty before it "
+        "was recorded (fp32)"))
     tuning: dict[str, Any] = Field(default_factory=dict)
     search_backend: str | None = Field(None, description=(
         "the backend the trials were timed on when the spec named a stand-in (target.search_backend); the "

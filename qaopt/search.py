@@ -186,13 +186,13 @@ class SearchContext:
         knobs = knobs if isinstance(knobs, Knobs) else Knobs.model_validate(knobs)
         if len(serves) > 1:
             return self.build_merged(self._merge_plan(serves), knobs)[name]
-        return build(self.nns[name], knobs, cache_dir=self.cache_dir, backend=self.plan.backend_name,
-                     onnx=kernels.onnx, device=self.plan.train_device)
+        return build(self.nns[name], knobs, cache_dir=self.cache_dir, recipe=self.plan.finetune,
+                     backend=self.plan.backend_name, onnx=kernels.onnx, device=self.plan.train_device)
 
     def build_merged(self, group: MergePlan, knobs: Knobs) -> dict[str, Candidate]:
         """The merged candidate of ``group`` for ``knobs``, one view per member NN (:func:`qaopt.approx.build_merged`)."""
-        return build_merged(self.merge_group(group), knobs, cache_dir=self.cache_dir, backend=self.plan.backend_name,
-                            onnx=kernels.onnx, device=self.plan.train_device)
+        return build_merged(self.merge_group(group), knobs, cache_dir=self.cache_dir, recipe=self.plan.finetune,
+                            backend=self.plan.backend_name, onnx=kernels.onnx, device=self.plan.train_device)
 
     def merge_group(self, group: MergePlan) -> MergeGroup:
         return MergeGroup(tuple(self.nns[n] for n in group.nns), group.finetune_steps)

@@ -133,6 +133,7 @@ def test_wrong_type_and_out_of_range_name_the_dotted_path_and_line(tmp_path):
         (lambda d: d["nns"]["heading"].update(model="not an entry point"), "expected an entry point"),
         (lambda d: d["app"].update(name="crop follow"), "app.name: String should match pattern"),
         (lambda d: d["calibration"]["space"].append({"nn": "heading", "max": 5.0}), "an axis appears twice"),
+        (lambda d: d.update(training={"precision": "fp16"}), "training.precision: Input should be 'auto', 'fp32' or"),
     ],
 )
 def test_bad_values_are_named(tmp_path, edit, expected):

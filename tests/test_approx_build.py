@@ -373,3 +373,25 @@ def test_gpu_training_runs_with_deterministic_kernels_and_puts_the_settings_back
     assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
             torch.backends.cudnn.benchmark) == before
     assert os.environ.get("CUBLAS_WORKSPACE_CONFIG"), "cuBLAS's fixed workspace is set before any training"
+
+
+def test_a_bf16_recipe_trains_in_mixed_precision_under_the_same_key(tiny_nn, cache):
+    """bf16 runs the forward pass's convolutions in bf16 (weights and the loss stay fp32). Like the training device,
+    the arithmetic is not part of a key: an fp32 NN in the cache (a ladder built on a GPU) serves a bf16 run."""
+    from qaopt.approx.finetune import Distiller
+
+    seen = []
+    for precision in ("fp32", "bf16"):
+        recipe = FinetuneRecipe(batch_size=4, lr=1e-3, precision=precision)
+        student = copy.deepcopy(tiny_nn.model).float()
+        conv = next(m for m in student.modules() if isinstance(m, nn.Conv2d))
+        hook = conv.register_forward_hook(lambda module, args, out: seen.append((precision, out.dtype)))
+        Distiller(tiny_nn.data.x_train, tiny_nn.data.y_train, lambda: tiny_nn.data.y_train, recipe, 0).run(student, 2)
+        hook.remove()
+        assert all(p.dtype == torch.float32 for p in student.parameters())
+    assert {dtype for p, dtype in seen if p == "fp32"} == {torch.float32}
+    assert {dtype for p, dtype in seen if p == "bf16"} == {torch.bfloat16}
+    knobs = Knobs(finetune_steps=2)
+    fp32 = build(tiny_nn, knobs, cache_dir=cache, recipe=FAST)
+    bf16 = build(tiny_nn, knobs, cache_dir=cache, recipe=FinetuneRecipe(batch_size=16, lr=3e-3, precision="bf16"))
+    assert bf16.key == fp32.key and bf16.from_cache

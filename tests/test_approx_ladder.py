@@ -12,7 +12,7 @@ from qaopt.app_spec.schema import TrainingSpec
 from qaopt.approx import ApproxError, FinetuneRecipe, Knobs, KnobSpace, SearchLimits, TargetNN, ladder_of
 from qaopt.approx.passes import get_pass
 from qaopt.approx.pruning import kept_channels
-from qaopt.training import training_device
+from qaopt.training import finetune_recipe, training_device
 from tests.test_approx_build import FAST, SHAPE, TinyNavNet, build, stripe_data, train_base
 
 LADDER = dict(prune_ratio=0.5, ladder_step=0.25, ladder_finetune_steps=40)
@@ -164,3 +164,18 @@ def test_the_ladder_command_tabulates_every_rung_and_names_a_missing_ladder(tmp_
     spec.write_text(textwrap.dedent(SPEC.replace("{PER_LAYER}", "{}")))
     missing = CliRunner().invoke(app, ["approx", "ladder", str(spec), "--nn", "heading"])
     assert missing.exit_code != 0 and "pruning has no ladder section" in f"{missing.output}{missing.exception}"
+
+
+def test_training_precision_auto_takes_bf16_only_on_a_cpu_that_computes_it(monkeypatch):
+    import qaopt.training as training
+
+    said = []
+    monkeypatch.setattr(training, "native_bf16", lambda device: True)
+    assert finetune_recipe(TrainingSpec(), "cpu", said.append).precision == "bf16"
+    assert len(said) == 1 and "bf16 mixed precision" in said[0] and "training.precision: fp32" in said[0]
+    assert finetune_recipe(TrainingSpec(), "cuda", said.append).precision == "fp32", "GPUs: fp32 unless asked"
+    assert finetune_recipe(TrainingSpec(precision="fp32"), "cpu", said.append).precision == "fp32"
+    monkeypatch.setattr(training, "native_bf16", lambda device: False)
+    assert finetune_recipe(TrainingSpec(), "cpu", said.append).precision == "fp32" and len(said) == 1
+    assert finetune_recipe(TrainingSpec(precision="bf16"), "cpu", said.append).precision == "bf16"
+    assert len(said) == 2 and "emulates it" in said[1]

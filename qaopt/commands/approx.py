@@ -104,18 +104,19 @@ def _tabulate(app_spec, nn: str, knob: str, points: list, base, *, latency: bool
               device: str | None) -> None:
     """Build (or load) the candidate of each point along ``knob`` and print the table."""
     from qaopt import kernels
-    from qaopt.app_spec.schema import TRAINING_DEVICES, TrainingSpec
+    from qaopt.app_spec.schema import TRAINING_DEVICES
     from qaopt.approx import sweep as sweep_candidates
     from qaopt.measuring import untuned_latency
     from qaopt.on_policy import target_nns
-    from qaopt.training import training_device
+    from qaopt.training import finetune_recipe, training_device
 
     if device not in (None, *TRAINING_DEVICES):
         raise QaoptError(f"--device {device}: use one of {', '.join(TRAINING_DEVICES)}")
     cache_dir = cache_root(configured=app_spec.output.cache_dir)
     console = Console(width=max(Console().width, 120))  # a narrower table wraps every cell
-    training = app_spec.training if device is None else TrainingSpec(device=device, required=app_spec.training.required)
+    training = app_spec.training if device is None else app_spec.training.model_copy(update={"device": device})
     train_on = training_device(training, console.print)
+    recipe = finetune_recipe(training, train_on, console.print)
     console.print(f"loading NN {nn!r} and its data")
     target = target_nns(app_spec, cache_dir, [nn])[nn]
 
@@ -126,7 +127,7 @@ def _tabulate(app_spec, nn: str, knob: str, points: list, base, *, latency: bool
     ) as bar:
         task = bar.add_task("", total=len(points), point="")
         candidates = sweep_candidates(
-            target, base, knob, points, cache_dir=cache_dir, backend=kernels.BackendRef.parse(app_spec.target.backend).name,
+            target, base, knob, points, cache_dir=cache_dir, recipe=recipe, backend=kernels.BackendRef.parse(app_spec.target.backend).name,
             onnx=kernels.onnx, device=train_on, progress=lambda m: bar.update(task, description=m),
         )
         for point in points:

@@ -7,6 +7,8 @@ artifacts alone, and the report is a pure function of it (:func:`qaopt.report.wr
 
 from __future__ import annotations
 
+import dataclasses
+
 from qaopt.agnostic import AgnosticSearch
 from qaopt.closed_loop import validation_power
 from qaopt.pipeline import BaseStage, StageRun, register_stage
@@ -64,6 +66,7 @@ class ReportStage(BaseStage):
                                  studies["aware"].closed_loop_checks),
             validation_power=validation_power(plan.application.acceptance, plan.validation_runs),
             rebuilt=reference.ctx.rebuilds,
+            finetune=dataclasses.asdict(plan.finetune),
             studies=studies,
             tuning={"trials_per_candidate": target.tuning.trials, "seconds_per_candidate": target.tuning.seconds},
             search_backend=plan.search_backend,

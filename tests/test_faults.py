@@ -191,7 +191,7 @@ def test_a_worker_lost_mid_validation_is_one_warning_line_and_its_runs_are_redon
     from qaopt.closed_loop import ValidationBlocks, validate_closed_loop
     from qaopt.executor import LocalPool, ShippedNN
 
-    nn = ShippedNN(SimpleNamespace(key="k", module=torch.nn.Linear(1, 1), onnx_path=None, columns=None))
+    nn = ShippedNN(SimpleNamespace(key="k", nn="heading", module=torch.nn.Linear(1, 1), onnx_path=None, columns=None))
     goal = QoSGoal("errors", max=0.0)
     judged = dict(goal=goal, test=AcceptanceTest(0.1, 0.8, 8, 32, block=8), runs=32, trial=1,
                   region_predicted_valid=True, seed_base=100)

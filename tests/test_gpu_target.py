@@ -83,7 +83,7 @@ def test_a_shipped_nn_runs_in_the_loop_on_the_gpu_and_the_candidate_stays_on_the
     from qaopt.executor import ShippedNN
 
     model = Centred().eval().half()
-    shipped = pickle.loads(pickle.dumps(ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=None, columns=None),
+    shipped = pickle.loads(pickle.dumps(ShippedNN(SimpleNamespace(key="k", nn="heading", module=model, onnx_path=None, columns=None),
                                                   "cuda")))
     x = np.random.default_rng(0).random((2, 3, 16, 16), dtype=np.float32)
     first = shipped(x)

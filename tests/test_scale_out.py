@@ -162,7 +162,8 @@ def test_a_shipped_int8_nn_runs_its_bytes_in_kernels_session(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2).eval()
     path = kernels.export_onnx(model, [torch.rand(1, 3)], tmp_path / "nn.onnx")
-    shipped = pickle.loads(pickle.dumps(executor_module.ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=path, columns=None))))
+    shipped = pickle.loads(pickle.dumps(executor_module.ShippedNN(
+        SimpleNamespace(key="k", nn="heading", module=model, onnx_path=path, columns=None))))
     path.unlink()  # the worker has only the bytes
     x = np.random.default_rng(0).random((5, 3), dtype=np.float32)
     np.testing.assert_allclose(shipped(x), model(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
@@ -182,13 +183,51 @@ def test_a_shipped_torch_nn_keeps_its_device_and_leaves_the_candidate_where_it_w
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2).eval()
-    shipped = executor_module.ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=None, columns=[1]), "cuda")
+    fake = SimpleNamespace(key="k", nn="heading", module=model, onnx_path=None, columns=[1])
+    shipped = executor_module.ShippedNN(fake, "cuda")
     assert pickle.loads(pickle.dumps(shipped)).device == "cuda"
-    on_cpu = pickle.loads(pickle.dumps(executor_module.ShippedNN(SimpleNamespace(key="k", module=model, onnx_path=None,
-                                                                                 columns=[1]))))
+    on_cpu = pickle.loads(pickle.dumps(executor_module.ShippedNN(fake)))
     x = np.random.default_rng(0).random((5, 3), dtype=np.float32)
     np.testing.assert_allclose(on_cpu(x), model(torch.from_numpy(x)).detach().numpy()[:, [1]], rtol=1e-5, atol=1e-6)
     assert on_cpu._placed is on_cpu.module and next(model.parameters()).device.type == "cpu"
+
+
+def test_the_views_of_a_merged_nn_run_its_backbone_once_per_frame_batch():
+    """Each NN a merged NN serves reads its columns of one run on the batch, as the deployed NN does; a new batch,
+    a batch changed in place, or a member reading the same batch again runs it again."""
+    import pickle
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    class Counting(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            Counting.calls += 1
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    model = Counting(3, 2).eval()
+    views = {nn: executor_module.ShippedNN(SimpleNamespace(key="merged", nn=nn, module=model, onnx_path=None,
+                                                           columns=[i])) for i, nn in enumerate("ab")}
+    assert pickle.loads(pickle.dumps(executor_module.ShippedNN(SimpleNamespace(
+        key="merged", nn="b", module=torch.nn.Linear(3, 2), onnx_path=None, columns=[1])))).nn == "b"
+    x = np.random.default_rng(0).random((5, 3), dtype=np.float32)
+    whole = model(torch.from_numpy(x)).detach().numpy()
+    changed = model(torch.full_like(torch.from_numpy(x), 0.5)).detach().numpy()
+    Counting.calls = 0
+    np.testing.assert_allclose(np.hstack([views["a"](x), views["b"](x)]), whole, rtol=1e-6)
+    assert Counting.calls == 1
+    views["a"](x)
+    assert Counting.calls == 2, "a member reading the batch again is a new frame"
+    views["b"](x.copy())
+    assert Counting.calls == 3, "another batch"
+    views["a"](x)
+    x[:] = 0.5
+    np.testing.assert_allclose(views["b"](x), changed[:, [1]], rtol=1e-6)
+    assert Counting.calls == 5, "the batch changed in place"
 
 
 @pytest.mark.parametrize("failing", [(), (112,), (100, 140)])

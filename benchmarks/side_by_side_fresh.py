@@ -24,26 +24,23 @@ from pathlib import Path
 SIDES = ("reference", "aware", "agnostic")
 
 
-def measure(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict:
-    from qaopt import kernels
+def rebuilt(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict[str, dict[str, tuple[object, dict]]]:
+    """Each side's candidates as the run chose them, rebuilt from the cache: side -> NN -> (candidate, its choice in
+    ``result.json``); the NNs a merged NN serves each get its view."""
     from qaopt.approx import FinetuneRecipe, Knobs, TargetNN, build
     from qaopt.approx.merge import MergeGroup, build_merged
-    from qaopt.measuring import workload_of
+    from qaopt import kernels
     from qaopt.spec import load_spec
 
     spec = load_spec(spec_path)
     result = json.loads((run_dir / "result.json").read_text())
     nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in spec.nns}
-    target = kernels.Target.from_spec(spec.target)
     steps = {tuple(g.nns): g.finetune_steps for g in spec.search.merge}
     recipe = FinetuneRecipe(**result.get("finetune", {}))  # the bytes the run chose, not a retrained NN
-    frames, alone = {}, {}
+    sides = {}
     for side in SIDES:
-        models, seen = {}, set()
+        models = {}
         for name, choice in result[side]["nns"].items():
-            if choice["candidate"] in seen:  # a merged NN runs once for all it serves
-                continue
-            seen.add(choice["candidate"])
             knobs = Knobs.model_validate(choice["knobs"])
             serves = choice.get("serves") or []
             if serves:
@@ -51,9 +48,28 @@ def measure(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict:
                 candidate = build_merged(group, knobs, cache_dir=cache_dir, recipe=recipe, onnx=kernels.onnx)[name]
             else:
                 candidate = build(nns[name], knobs, cache_dir=cache_dir, recipe=recipe, onnx=kernels.onnx)
+            models[name] = (candidate, choice)
+        sides[side] = models
+    return sides
+
+
+def measure(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict:
+    from qaopt import kernels
+    from qaopt.measuring import workload_of
+    from qaopt.spec import load_spec
+
+    spec = load_spec(spec_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    target = kernels.Target.from_spec(spec.target)
+    frames, alone = {}, {}
+    for side, built in rebuilt(run_dir, spec_path, cache_dir).items():
+        models, seen = {}, set()
+        for name, (candidate, choice) in built.items():
+            if candidate.key in seen:  # a merged NN runs once for all it serves
+                continue
+            seen.add(candidate.key)
             work = workload_of(candidate)
-            models[name] = kernels.compile(work.model, work.example_inputs,
-                                           target.with_backend(choice["backend"]))
+            models[name] = kernels.compile(work.model, work.example_inputs, target.with_backend(choice["backend"]))
         alone[side] = {n: round(c.measure().median_ms, 3) for n, c in models.items()}
         frames[side] = (models, result[side]["schedule"])
     side_by_side = kernels.compare_frames(frames, target, rounds=3)

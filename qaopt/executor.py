@@ -449,7 +449,7 @@ def _missing_module(exc: BaseException | None) -> str | None:
 
 
 _SHARED_FRAME: dict[str, tuple[Any, np.ndarray, np.ndarray, set[str]]] = {}
-"""Per merged candidate (its key): the frame batch its backbone last ran on, a sample of that batch's values, the
+"""Per merged candidate (its key) that ran on the frame batch being read: the batch, a sample of its values, the
 whole output, and the members that have read it."""
 
 
@@ -477,7 +477,7 @@ class ShippedNN:
     batch, as the deployed NN does: a view called with the batch its merged NN last ran on, which it has not read
     yet, takes its columns of that output (the batch is the same array object with the same values: an
     application calls each NN of a step with one batch). A 100 m closed-loop run of CropFollow's merged NN
-    took 21.6 s instead of 31.8 on one core of the dev VM.
+    took 23.1 s instead of 30.3 on one core (``benchmarks/closed_loop_speed.py``, docs/BENCHMARKS.md).
     """
 
     def __init__(self, candidate: Any, device: str = "cpu"):
@@ -520,6 +520,8 @@ class ShippedNN:
             shared[3].add(self.nn)
             return shared[2][:, self.columns]
         out = self._run(x)
+        for key in [key for key, entry in _SHARED_FRAME.items() if entry[0] is not x]:
+            del _SHARED_FRAME[key]  # only the batch being read is kept: a worker runs many candidates
         _SHARED_FRAME[self.key] = (x, _frame_sample(x), out, {self.nn})
         return out[:, self.columns]
 

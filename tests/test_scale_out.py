@@ -228,6 +228,10 @@ def test_the_views_of_a_merged_nn_run_its_backbone_once_per_frame_batch():
     x[:] = 0.5
     np.testing.assert_allclose(views["b"](x), changed[:, [1]], rtol=1e-6)
     assert Counting.calls == 5, "the batch changed in place"
+    other = executor_module.ShippedNN(SimpleNamespace(key="other", nn="a", module=model, onnx_path=None, columns=[0]))
+    other(x.copy())
+    views["a"](x)
+    assert set(executor_module._SHARED_FRAME) == {"merged"}, "only the batch being read is kept"
 
 
 @pytest.mark.parametrize("failing", [(), (112,), (100, 140)])

@@ -108,7 +108,7 @@ class _Unbuilt(SearchContext):
     """A search context whose NNs are never built: the checks only need their candidate keys."""
 
     def build(self, name, knobs, serves=()):
-        return SimpleNamespace(key=name, module=None, onnx_path=None, predict=None, columns=None)
+        return SimpleNamespace(key=name, nn=name, module=None, onnx_path=None, predict=None, columns=None)
 
 
 def _context(spec, run_dir: Path, cache_dir: Path, profile=CHECKING, trials: int = TRIALS) -> SearchContext:

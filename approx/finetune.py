@@ -72,7 +72,7 @@ class FinetuneRecipe:
     ``precision`` ``bf16`` trains in mixed precision: the forward pass's convolutions and
     matrix products in bf16 under torch's autocast, the weights, gradients, optimizer and loss
     in fp32. On a CPU with bf16 instructions a step of CropFollow's compact NN takes less than
-    half the time (:func:`native_bf16`; docs/knobs.md, "How long to distil").
+    half the time, and a merged NN distilled so errs as in fp32 (:func:`native_bf16`; docs/pruning.md).
     """
 
     batch_size: int = 16
@@ -98,8 +98,8 @@ def native_bf16(device: str) -> bool:
     instructions. Elsewhere torch emulates bf16, slower than fp32."""
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    cpu = torch.cpu
-    return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's, absent from older torch
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def tuned(recipe: FinetuneRecipe, knobs) -> FinetuneRecipe:

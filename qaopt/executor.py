@@ -515,8 +515,8 @@ class ShippedNN:
         if self.columns is None:
             return self._run(x)
         shared = _SHARED_FRAME.get(self.key)
-        if shared is not None and shared[0] is x and self.nn not in shared[3] and np.array_equal(shared[1],
-                                                                                                 _frame_sample(x)):
+        if (shared is not None and shared[0] is x and self.nn not in shared[3]
+                and np.array_equal(shared[1], _frame_sample(x))):
             shared[3].add(self.nn)
             return shared[2][:, self.columns]
         out = self._run(x)

@@ -127,8 +127,9 @@ def _tabulate(app_spec, nn: str, knob: str, points: list, base, *, latency: bool
     ) as bar:
         task = bar.add_task("", total=len(points), point="")
         candidates = sweep_candidates(
-            target, base, knob, points, cache_dir=cache_dir, recipe=recipe, backend=kernels.BackendRef.parse(app_spec.target.backend).name,
-            onnx=kernels.onnx, device=train_on, progress=lambda m: bar.update(task, description=m),
+            target, base, knob, points, cache_dir=cache_dir, recipe=recipe,
+            backend=kernels.BackendRef.parse(app_spec.target.backend).name, onnx=kernels.onnx, device=train_on,
+            progress=lambda m: bar.update(task, description=m),
         )
         for point in points:
             bar.update(task, point=f"{knob}={point}", description="building")

@@ -44,7 +44,8 @@ def build_ladders(ctx: SearchContext, events: StageEvents) -> dict[str, list[Run
     tables: dict[str, list[Rung]] = {}
     for name, knobs in tops.items():
         ladder = ladder_of(ctx.nns[name], knobs, cache_dir=ctx.cache_dir, recipe=plan.finetune,
-                           device=plan.train_device, progress=lambda message, _name=name: events.progress(description=f"{_name}: {message}"))
+                           device=plan.train_device,
+                           progress=lambda message, _name=name: events.progress(description=f"{_name}: {message}"))
         for k in range(1, steps[name] + 1):
             if ladder.stored(k) is None:
                 ladder.model(k)

@@ -44,7 +44,7 @@ def validation_once(spec, workers: int, runs: int) -> tuple[float, float, dict]:
     nns = {}
     for name, nn in spec.nns.items():
         module = load_entry_point(nn.model)(**nn.args).eval()
-        nns[name] = ShippedNN(SimpleNamespace(key=name, module=module, onnx_path=None))
+        nns[name] = ShippedNN(SimpleNamespace(key=name, nn=name, module=module, onnx_path=None, columns=None))
     def validate(n: int, **pool) -> tuple[float, dict]:
         start = time.perf_counter()
         v = validate_closed_loop(make_evaluator(spec), nns, goal_of(spec), acceptance_of(spec), n, trial=None,

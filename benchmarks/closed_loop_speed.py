@@ -18,16 +18,13 @@ import dataclasses
 import json
 import statistics
 import time
-from pathlib import Path
 
-from side_by_side_fresh import rebuilt
+from side_by_side_fresh import rebuilt, run_arguments
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--spec", type=Path, required=True)
-    ap.add_argument("--cache-dir", type=Path, required=True)
+    run_arguments(ap)
     ap.add_argument("--runs", type=int, default=2)
     args = ap.parse_args()
 
@@ -43,7 +40,8 @@ def main() -> None:
     simulator = spec.evaluator.simulator
     app = load_entry_point(simulator.entry_point)(**dict(simulator.params))
     seeds = [VALIDATION_SEED_BASE + i for i in range(args.runs)]
-    for side, built in rebuilt(args.run_dir, args.spec, args.cache_dir).items():
+    result = json.loads((args.run_dir / "result.json").read_text())
+    for side, built in rebuilt(spec, result, args.cache_dir).items():
         variants = {"shared": {n: ShippedNN(c) for n, (c, _) in built.items()}}
         if any(c.columns is not None for c, _ in built.values()):
             variants["each view"] = {n: ShippedNN(dataclasses.replace(c, key=f"{c.key}-{n}"))

@@ -24,16 +24,20 @@ from pathlib import Path
 SIDES = ("reference", "aware", "agnostic")
 
 
-def rebuilt(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict[str, dict[str, tuple[object, dict]]]:
-    """Each side's candidates as the run chose them, rebuilt from the cache: side -> NN -> (candidate, its choice in
-    ``result.json``); the NNs a merged NN serves each get its view."""
+def run_arguments(ap: argparse.ArgumentParser) -> None:
+    """The arguments that name a run and where its NNs are: the run folder, its spec and its cache."""
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--spec", type=Path, required=True)
+    ap.add_argument("--cache-dir", type=Path, required=True)
+
+
+def rebuilt(spec, result: dict, cache_dir: Path) -> dict[str, dict[str, tuple[object, dict]]]:
+    """Each side's candidates as the run (its loaded ``result.json``) chose them, rebuilt from the cache: side -> NN
+    -> (candidate, its choice in ``result``); the NNs a merged NN serves each get its view."""
+    from qaopt import kernels
     from qaopt.approx import FinetuneRecipe, Knobs, TargetNN, build
     from qaopt.approx.merge import MergeGroup, build_merged
-    from qaopt import kernels
-    from qaopt.spec import load_spec
 
-    spec = load_spec(spec_path)
-    result = json.loads((run_dir / "result.json").read_text())
     nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in spec.nns}
     steps = {tuple(g.nns): g.finetune_steps for g in spec.search.merge}
     recipe = FinetuneRecipe(**result.get("finetune", {}))  # the bytes the run chose, not a retrained NN
@@ -62,7 +66,7 @@ def measure(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict:
     result = json.loads((run_dir / "result.json").read_text())
     target = kernels.Target.from_spec(spec.target)
     frames, alone = {}, {}
-    for side, built in rebuilt(run_dir, spec_path, cache_dir).items():
+    for side, built in rebuilt(spec, result, cache_dir).items():
         models, seen = {}, set()
         for name, (candidate, choice) in built.items():
             if candidate.key in seen:  # a merged NN runs once for all it serves
@@ -79,9 +83,7 @@ def measure(run_dir: Path, spec_path: Path, cache_dir: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--spec", type=Path, required=True)
-    ap.add_argument("--cache-dir", type=Path, required=True)
+    run_arguments(ap)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a single fresh process's measurement
     args = ap.parse_args()

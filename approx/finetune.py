@@ -40,25 +40,30 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
 
 @contextlib.contextmanager
 def reproducible(device: torch.device) -> Iterator[None]:
-    """Deterministic kernels while training on a GPU (nothing changes on a CPU, whose kernels already are): cuDNN's
-    deterministic algorithms, no autotuned choice, and torch's deterministic implementations where it has them.
-    An operation without one (AdaptiveAvgPool2d's CUDA backward) runs as it is, without torch's warning; whether
-    a whole build then comes out the same bytes is what ``tests/test_gpu_target.py`` checks on a GPU. The
-    settings are put back after."""
+    """Deterministic kernels while computing on a GPU what NNs are trained from or with (nothing changes on a CPU,
+    whose kernels already are): cuDNN's deterministic algorithms, no autotuned choice, torch's deterministic
+    implementations where it has them, and TF32 at torch's defaults (on for convolutions, off for matrix products),
+    so that what the process set before (a run's timing, a user's ``set_float32_matmul_precision``) does not move a
+    build. An operation without a deterministic implementation (AdaptiveAvgPool2d's CUDA backward) runs as it is,
+    without torch's warning; whether a whole build then comes out the same bytes is what
+    ``tests/test_gpu_target.py`` checks on a GPU. The settings are put back after."""
     if device.type != "cuda":
         yield
         return
+    cudnn = torch.backends.cudnn
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+              cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, torch.get_float32_matmul_precision())
     torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = True, False, True
+    torch.set_float32_matmul_precision("highest")
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation")
             yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
+        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32 = before[2:5]
+        torch.set_float32_matmul_precision(before[5])
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from .builder import build
 from .cache import Store
 from .candidate import Candidate
 from .errors import ApproxError
-from .finetune import Distiller, FinetuneRecipe, teacher_outputs
+from .finetune import Distiller, FinetuneRecipe, reproducible, teacher_outputs
 from .knobs import Knobs
 from .pruning import output_heads
 from .quantize import predict_torch
@@ -182,7 +182,9 @@ def _reference_outputs(member: TargetNN, lead: TargetNN, split: str, store: Stor
     key = content_hash("approx.merged.reference", member.fingerprint, lead.fingerprint, split)
     outputs = store.teacher_outputs(key)
     if outputs is None:
-        outputs = predict_torch(copy.deepcopy(member.model).float().eval(), getattr(lead.data, f"x_{split}"), device=device)
+        with reproducible(torch.device(device)):  # as teacher_outputs: a GPU's choice of kernels must not move them
+            outputs = predict_torch(copy.deepcopy(member.model).float().eval(), getattr(lead.data, f"x_{split}"),
+                                    device=device)
         store.save_teacher_outputs(key, outputs)
     return outputs
 

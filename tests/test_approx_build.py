@@ -362,16 +362,25 @@ def test_gpu_training_runs_with_deterministic_kernels_and_puts_the_settings_back
     """The switches :func:`reproducible` turns on for a GPU (settable without one), and off again; a CPU is left alone."""
     from qaopt.approx.finetune import reproducible
 
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-              torch.backends.cudnn.benchmark)
-    with reproducible(torch.device("cpu")):
-        assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-                torch.backends.cudnn.benchmark) == before
-    with reproducible(torch.device("cuda")):
-        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
-        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-            torch.backends.cudnn.benchmark) == before
+    cudnn = torch.backends.cudnn
+
+    def settings():
+        return (torch.are_deterministic_algorithms_enabled(), cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32,
+                torch.get_float32_matmul_precision())
+
+    torch.set_float32_matmul_precision("high")  # as a user's script might, or a run's timing: the build ignores it
+    cudnn.benchmark = True
+    try:
+        before = settings()
+        with reproducible(torch.device("cpu")):
+            assert settings() == before
+        with reproducible(torch.device("cuda")):
+            assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+            assert settings()[1:] == (True, False, True, "highest")
+        assert settings() == before
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        cudnn.benchmark = False
     assert os.environ.get("CUBLAS_WORKSPACE_CONFIG"), "cuBLAS's fixed workspace is set before any training"
 
 

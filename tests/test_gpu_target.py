@@ -145,8 +145,46 @@ REBUILD = textwrap.dedent("""
 
 def test_a_candidate_fine_tuned_on_the_gpu_is_rebuilt_into_the_same_bytes(tmp_path):
     """Two processes, two empty caches: a pruned NN (batch norm, dropout, adaptive pooling) fine-tuned on the GPU
-    comes out bit for bit the same, so a run resumed elsewhere keeps its measurements and closed-loop verdicts."""
+    comes out bit for bit the same, so a run resumed elsewhere keeps its measurements and closed-loop verdicts (a
+    resumed ResNet-18 run rebuilt its ladders bit for bit on another H200 host: docs/BENCHMARKS.md, sessions 22-23)."""
     hashes = [subprocess.run([sys.executable, "-c", REBUILD, str(tmp_path / f"cache{i}"), str(Path(__file__).parent)],
                              capture_output=True, text=True, check=True, timeout=600).stdout.split()[-1]
               for i in range(2)]
+    assert hashes[0] == hashes[1]
+
+
+REBUILD_MERGED = textwrap.dedent("""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, sys.argv[2])
+    from test_approx_build import FAST, SHAPE, stripe_data, train_base
+
+    from qaopt.approx import ErrorMetric, Knobs, TargetNN
+    from qaopt.approx.merge import MergeGroup, build_merged
+
+    if sys.argv[3] == "after-timing":  # as a run's process is after its measurements: cuDNN autotunes, Inductor ran
+        torch.backends.cudnn.benchmark = True
+        conv = torch.compile(torch.nn.Conv2d(3, 16, 3).cuda(), mode="reduce-overhead")
+        for _ in range(3):
+            conv(torch.randn(1, 3, 64, 64, device="cuda"))
+    data = stripe_data()  # two NNs that read the same frames, as tests/test_knobs.py's pair
+    ratio = data.__class__(**{**vars(data), "y_train": 0.5 + data.y_train / 100, "y_val": 0.5 + data.y_val / 100})
+    pair = (TargetNN("heading", train_base(data), data, SHAPE, ErrorMetric("l1", 0)),
+            TargetNN("distance", train_base(ratio), ratio, SHAPE, ErrorMetric("l1", 0)))
+    views = build_merged(MergeGroup(pair, finetune_steps=60), Knobs(prune_ratio=0.5, finetune_steps=40),
+                         cache_dir=sys.argv[1], recipe=FAST, device="cuda")
+    print(views["heading"].bytes_hash)
+""")
+
+
+def test_a_merged_nn_is_rebuilt_into_the_same_bytes_whatever_the_process_ran_before(tmp_path):
+    """A merged NN distils from its members' outputs on the lead's frames. Computed outside deterministic kernels,
+    they followed whatever cuDNN settings the process had, and a resumed run rebuilt every merged candidate into
+    other bytes (docs/BENCHMARKS.md, sessions 22-23); without the fix this test saw two hashes. A quiet process and
+    one that autotuned and compiled first must build the same."""
+    hashes = [subprocess.run([sys.executable, "-c", REBUILD_MERGED, str(tmp_path / state), str(Path(__file__).parent),
+                              state], capture_output=True, text=True, check=True, timeout=600).stdout.split()[-1]
+              for state in ("quiet", "after-timing")]
     assert hashes[0] == hashes[1]

@@ -238,6 +238,10 @@ def default(run_dir: Path, seconds: float, out: Path) -> dict:
             "acceptance_fresh_seeds": {name: {k: v[k] for k in ("runs", "failures", "verdict", "seed_base")}
                                        for name, v in fresh.items()},
             "agnostic_converged": result.get("agnostic_converged"),
+            # Configurations whose NNs this run rebuilt into other bytes than its search measured (a resume
+            # without the approximation cache): their verdicts and figures are of the rebuilt bytes.
+            "rebuilt": [{"trial": r["trial"], "feasible": r["feasible"],
+                         "hashes": r["hashes"]} for r in result.get("rebuilt", [])],
         })
     _write(out, record)
     return record

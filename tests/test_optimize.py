@@ -541,6 +541,46 @@ def test_a_quick_validation_stops_at_the_fastest_unrefuted_configuration(tiny_ru
     assert validated == [1, 2] and front.chosen.trial == 1
 
 
+def test_the_same_nns_in_another_schedule_are_not_validated_again_nor_counted(tiny_run, monkeypatch, tmp_path):
+    """The closed loop does not see the schedule: a configuration whose NNs already ran in this pass has their
+    verdict, and the profile's validation slots go to configurations with other NNs."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.result import Validation
+    from qaopt.stages.region import ClosedLoopEvidence
+
+    spec_path, result = tiny_run
+    region = ErrorRegion.load(result.region)
+    inside = [p.errors for p in region.labelled() if p.valid][0]
+
+    def config(trial: int, nns: int, schedule: str):
+        return result.reference.model_copy(update={
+            "trial": trial, "errors": inside, "latency_ms": float(trial), "schedule": schedule,
+            "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-{nns}"}) for n, c in result.reference.nns.items()}})
+
+    front = [config(1, 1, "sequential"), config(2, 1, "parallel"), config(3, 3, "sequential")]
+    validated = []
+
+    def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, **_):
+        validated.append(trial)
+        fails = int(trial == 1)  # the fastest NNs fail one run, wherever they run
+        return Validation(trial=trial, runs=runs, passes=runs - fails, failures=fails,
+                          verdict="undecided" if fails else "valid", accepted=not fails,
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0)
+
+    ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
+    ctx = type(ctx)(dataclasses.replace(ctx.plan, validation_runs=50, validate_top=2), {}, None)
+    notes = []
+    chosen = validation_stage.validate_front(ctx, front, _calibrated(region, ctx), ClosedLoopEvidence(),
+                                             result.reference, events=SimpleNamespace(note=notes.append, emit=lambda event: None,
+                                                                                      stage="validation"))
+    assert validated == [1, 3] and chosen.chosen.trial == 3
+    assert [v.trial for v in chosen.validations] == [1, 3]
+    assert any("trial 2: the NNs of trial 1" in line for line in notes)
+
+
 def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeypatch, tmp_path):
     from qaopt.calibrate import ErrorRegion
     from qaopt.result import Validation

@@ -82,6 +82,10 @@ def validate_front(
     nothing: on a quick CropFollow run, two blocks of six runs, about 100 s of a 2-core machine). When none
     is even that, the ``reference`` configuration is validated too, so the report can
     tell an application that fails with any approximation from one that fails anyway.
+    A configuration whose NNs this pass already validated (the same NNs under another schedule: the closed loop
+    does not see the schedule) is skipped and does not count against the profile's ``validate_top``: its verdict
+    is known, and spending a validation slot on it left CropFollow's default run (session 23) with four distinct
+    configurations validated of eight.
     ``executor`` and ``events`` are :func:`validate_configuration`'s.
     """
     run = dict(executor=executor, events=events)
@@ -90,12 +94,19 @@ def validate_front(
     validations: list[Validation] = []
     chosen = fallback = None
     can_accept = acceptable_failures(ctx.plan.application.acceptance, ctx.plan.validation_runs) >= 0
+    validated: dict[str, int | None] = {}  # each NN set validated in this pass -> the trial that ran it
     for searched in front:
         if len(validations) >= ctx.plan.validate_top:
             break
         config = ctx.rechecked(searched, "aware", region, note)
         if config is None or not region.contains(config.errors):
             continue  # rebuilt into NNs outside the region, or ruled out by closed-loop evidence
+        nns = content_hash(_candidates(config))
+        if nns in validated:
+            note(f"trial {config.trial}: the NNs of trial {validated[nns]} in another schedule, whose verdict "
+                 "stands for it: not validated again")
+            continue
+        validated[nns] = config.trial
         validation = validate_configuration(ctx, config, **run)
         validations.append(validation)
         grown = with_validation(evidence, calibrated.application, config, validation)

@@ -84,8 +84,8 @@ def validate_front(
     tell an application that fails with any approximation from one that fails anyway.
     A configuration whose NNs this pass already validated (the same NNs under another schedule: the closed loop
     does not see the schedule) is skipped and does not count against the profile's ``validate_top``: its verdict
-    is known, and spending a validation slot on it left CropFollow's default run (session 23) with four distinct
-    configurations validated of eight.
+    is known, and spending slots on such repeats once left a CropFollow default run with four distinct NN sets
+    validated of its eight slots.
     ``executor`` and ``events`` are :func:`validate_configuration`'s.
     """
     run = dict(executor=executor, events=events)

@@ -340,13 +340,25 @@ def unchanged_note(result: Result) -> str | None:
         "validation table)" if failed else "no other configuration the search found feasible measured faster") + "."
 
 
+def without_aware(result: Result) -> str:
+    """What a run that accepted no application-aware configuration leaves to deploy: the application-agnostic
+    configuration where it passed its fresh-seed runs (it is then validated and faster than the reference), else
+    the reference NNs."""
+    v = result.agnostic_validation
+    if result.agnostic is not None and v is not None and v.accepted:
+        return (f"the application-agnostic configuration passed {v.passes} of {v.runs} closed-loop runs on fresh "
+                f"seeds, {result.speedups.describe('agnostic')} faster than the reference: the fastest validated "
+                "choice")
+    return "the reference NNs remain the deployable choice"
+
+
 def _outcome(result: Result) -> str:
     s = result.speedups
     if result.aware is None:
         rebuilt = ("; configurations whose rebuilt NNs left the region were not validated (Rebuilt NNs)"
                    if any(r.study == "aware" and not r.feasible for r in result.rebuilt) else "")
-        return ("No application-aware configuration passed closed-loop validation; the reference NNs remain "
-                f"the deployable choice. See the validation table for what failed{rebuilt}.")
+        return (f"No application-aware configuration passed closed-loop validation; {without_aware(result)}. "
+                f"See the validation table for what failed{rebuilt}.")
     a = result.acceptance
     if result.aware_accepted:
         status = "accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop"

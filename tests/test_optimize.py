@@ -625,3 +625,20 @@ def test_a_validation_cached_by_an_earlier_version_is_read_not_rerun(tmp_path):
     assert old is not None and old.runs == 4
     assert old.metrics["final_gap_cm"].mean == 2.5 and old.metrics["final_gap_cm"].total is None
     assert old.metrics["collisions"].worst_run is None
+
+
+def test_a_run_without_an_aware_configuration_names_the_validated_agnostic_one(tiny_run):
+    """No aware configuration accepted: the report and the console point at the agnostic configuration where it
+    passed its fresh-seed runs (validated, faster than the reference), and at the reference NNs where it did not."""
+    from qaopt.report import _outcome
+
+    _, result = tiny_run
+    assert result.agnostic is not None and result.agnostic_validation is not None
+    passed = result.agnostic_validation.model_copy(update={"accepted": True, "passes": 50, "runs": 50, "failures": 0})
+    failed = passed.model_copy(update={"accepted": False, "passes": 49, "failures": 1})
+    none_aware = result.model_copy(update={"aware": None, "agnostic_validation": passed})
+    text = _outcome(none_aware)
+    assert "application-agnostic configuration passed 50 of 50 closed-loop runs on fresh seeds" in text
+    assert "fastest validated choice" in text and "reference NNs remain" not in text
+    text = _outcome(none_aware.model_copy(update={"agnostic_validation": failed}))
+    assert "the reference NNs remain the deployable choice" in text

@@ -47,7 +47,7 @@ def optimize(
     calibrate` wrote for this spec is reused (and never replaced by a smaller calibration).
     """
     from qaopt.optimizer import optimize as run
-    from qaopt.report import unchanged_note
+    from qaopt.report import unchanged_note, without_aware
 
     result = run(spec, profile=profile, out=out, storage=storage, trials=trials, region=region,
                  calibration_budget=calibration_budget, cluster=cluster, workers=workers, quiet=quiet,
@@ -62,4 +62,5 @@ def optimize(
         if note:
             typer.echo(note)
     else:
-        typer.echo("no application-aware configuration passed closed-loop validation; see the report")
+        typer.echo(f"no application-aware configuration passed closed-loop validation; {without_aware(result)}; "
+                   "see the report")

@@ -69,6 +69,7 @@ from qaopt.search import (
     summarize,
 )
 from qaopt.seeding import Unit, merged_units, most_finetuning, walk
+from qaopt.study_lock import study_lock
 
 MODE = "agnostic"
 AGNOSTIC_STUDY_PREFIX = f"{MODE}."
@@ -204,21 +205,11 @@ def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: Stage
     """Create or resume the unit's study and run it to the aware study's budget (``done`` counts trials for progress)."""
     plan = ctx.plan
     study = open_study(plan.study_name(f"{AGNOSTIC_STUDY_PREFIX}{unit_label(unit)}"), storage, plan.seed, len(OBJECTIVES))
-    space = plan.knob_spaces[unit.nn]
+    with study_lock(storage, study.study_name):  # workers starting this study together seed it once
+        if ATTR_SKIPPED not in study.user_attrs and not study.get_trials(deepcopy=False):  # a new study
+            _seed(ctx, unit, study, events)
     if ATTR_SKIPPED in study.user_attrs:
         return study
-    if not study.get_trials(deepcopy=False):  # a new study (a resumed one has its seeds)
-        if unit.group is not None:  # its first build distils the merged NN: minutes on a CPU, once per cache
-            events.note(f"{MODE} {unit_label(unit)}: building the merged NN with nothing else approximated, to see "
-                        "whether any trial of it can be within tolerance")
-        if why := merge_outside(ctx, unit):
-            events.note(f"{MODE} {unit_label(unit)}: not searched: {why}")
-            study.set_user_attr(ATTR_SKIPPED, why)
-            return study
-        events.note(f"{MODE} {unit_label(unit)}: seeding with the reference, each precision alone and the deepest "
-                    "pruning ratio within tolerance")
-        for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in seeds(ctx, unit)):
-            study.enqueue_trial(dict(knobs), skip_if_exists=True)
 
     def tick(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         done[0] += 1
@@ -281,6 +272,23 @@ def combine(ctx: SearchContext, winners: Mapping[Unit, Configuration | None], re
                                      latency_ms=frame.latency_ms, memory_bytes=frame.memory_bytes, errors=errors,
                                      in_region=judged_by.contains(errors), latency=frame.latency)
     return best
+
+
+def _seed(ctx: SearchContext, unit: Unit, study: optuna.Study, events: StageEvents) -> None:
+    """Enqueue a new unit study's seeds, or mark it not searched (``ATTR_SKIPPED``) where its merged NN, with
+    nothing else approximated, cannot be within tolerance."""
+    if unit.group is not None:  # its first build distils the merged NN: minutes on a CPU, once per cache
+        events.note(f"{MODE} {unit_label(unit)}: building the merged NN with nothing else approximated, to see "
+                    "whether any trial of it can be within tolerance")
+    if why := merge_outside(ctx, unit):
+        events.note(f"{MODE} {unit_label(unit)}: not searched: {why}")
+        study.set_user_attr(ATTR_SKIPPED, why)
+        return
+    events.note(f"{MODE} {unit_label(unit)}: seeding with the reference, each precision alone and the deepest "
+                "pruning ratio within tolerance")
+    space = ctx.plan.knob_spaces[unit.nn]
+    for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in seeds(ctx, unit)):
+        study.enqueue_trial(dict(knobs), skip_if_exists=True)
 
 
 def search_agnostic(ctx: SearchContext, storage: BaseStorage, region: RegionSource, events: StageEvents

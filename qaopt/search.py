@@ -48,6 +48,7 @@ from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_
 from qaopt.plan import MergePlan, RunPlan
 from qaopt.seeding import Unit, configuration_params, informed_trials, precision_trials
 from qaopt.stress import StressSet, cached_errors, stressed_coordinate
+from qaopt.study_lock import DIALECTS, study_lock
 from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
 from qaopt.result import AgnosticRule, Configuration, NNTolerance, Rebuilt, StudySummary, TrialRecord, Validation
 
@@ -80,11 +81,21 @@ class OptimizeError(QaoptError):
 
 
 def open_storage(url: str) -> RDBStorage:
-    """An Optuna RDB storage; fails fast with the reason when the database cannot be reached.
+    """An Optuna RDB storage on SQLite or PostgreSQL (:mod:`qaopt.study_lock` has a lock for both); fails fast with
+    the reason when the database cannot be reached.
 
     Heartbeats let a re-run (or another worker) recognise trials of a killed process as
     failed, and the retry callback re-enqueues them so no trial is lost.
     """
+    try:
+        dialect = sqlalchemy.engine.make_url(url).get_backend_name()
+    except sqlalchemy.exc.ArgumentError:
+        raise OptimizeError(f"search.storage: {_redact(url)!r} is not a database URL; give sqlite:///path/study.db "
+                            "or postgresql://user@host/database") from None
+    if dialect not in DIALECTS:
+        raise OptimizeError(f"search.storage: {_redact(url)} is a {dialect} database; qaopt shares studies through "
+                            "SQLite (sqlite:///path/study.db, one machine) or PostgreSQL (postgresql://user@host/"
+                            "database, several)")
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("postgresql"):
         engine_kwargs["connect_args"] = {"connect_timeout": 5}
@@ -518,14 +529,23 @@ def run_study(
     """
     plan = ctx.plan
     study = open_study(plan.study_name("aware"), storage, plan.seed, len(plan.objectives))
+    with study_lock(storage, study.study_name):  # workers starting this study together seed it once
+        _seed(ctx, study, region, events, known)
+    optimize_until(study, lambda: Objective(ctx, region, events), plan.trials, on_done)
+    return study
+
+
+def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events: StageEvents,
+          known: Sequence[Configuration]) -> None:
+    """Enqueue the aware study's seeds that it does not hold yet (all of them in a new study)."""
     # The reference configuration (nothing approximated) is always the first trial.
     reference_knobs = ctx.reference_knobs
-    spaces = {nn: plan.knob_spaces[nn] for nn in reference_knobs}
+    spaces = {nn: ctx.plan.knob_spaces[nn] for nn in reference_knobs}
     params: dict[str, Any] = {}
     for nn, k in reference_knobs.items():
         params.update(spaces[nn].params_of(k, nn))
     params["schedule"] = "sequential"
-    params.update({group.param: False for group in plan.merge_groups})
+    params.update({group.param: False for group in ctx.plan.merge_groups})
     study.enqueue_trial(params, skip_if_exists=True)
     # Then the cheapest combination of probes found inside the study's bounds and a milder fallback
     # (qaopt.seeding), so that a short study does not have to come upon them by sampling.
@@ -536,11 +556,8 @@ def run_study(
         study.enqueue_trial(configuration_params(ctx, config), skip_if_exists=True)
     # Then each precision alone, apart and then on each merged NN (precision_trials).
     probes = {nn: spaces[nn].probes(alone=True) for nn in reference_knobs}
-    for trial in precision_trials(params, reference_knobs, probes, {g: ctx.merge_leads[g] for g in plan.merge_groups}):
+    for trial in precision_trials(params, reference_knobs, probes, {g: ctx.merge_leads[g] for g in ctx.plan.merge_groups}):
         study.enqueue_trial(trial, skip_if_exists=True)
-
-    optimize_until(study, lambda: Objective(ctx, region, events), plan.trials, on_done)
-    return study
 
 
 def open_study(name: str, storage: BaseStorage, seed: int, objectives: int) -> optuna.Study:

@@ -23,7 +23,7 @@ from numba import njit
 from .config import CameraParams, FieldParams
 from .field import Field, Plants
 from ..frenet import centre_line
-from ..hashrand import mix64, uniform, value_noise
+from ..hashrand import mix64, mixed_counters, uniform, uniform_of_mixed, value_noise_memo
 
 VIEW_RANGE_M = 12.0
 """Plants farther ahead than this are not drawn (fog hides them)."""
@@ -162,6 +162,7 @@ class Renderer:
         # Robot-frame ground point of each pixel (camera-relative), its depth, and its ray direction.
         self._ground = np.stack([np.where(hit, t * d_fwd, 0.0), np.where(hit, t * d_left, 0.0), np.where(hit, t, np.inf)], axis=-1)
         self._ray = np.stack([np.arctan2(d_left, d_fwd), np.arctan2(d_up, np.hypot(d_fwd, d_left))], axis=-1)
+        self._noise_counters = mixed_counters(h * w * 3)  # the sensor noise's counters, one per pixel and channel
 
     def render(
         self, scene: Scene, s: float, lateral: float, heading: float, style: Style, frame: int = 0, out: np.ndarray | None = None
@@ -177,7 +178,7 @@ class Renderer:
             out, self._ground, self._ray, pose, style, self.field_params.row_spacing_m,
             cam.focal_px, cam.mount_height_m, math.radians(cam.pitch_down_deg),
             scene.plants_xy[lo:hi], p.height[lo:hi], p.spread[lo:hi], p.seed[lo:hi], scene.leaf_yaw[lo:hi],
-            self.field_params.stalk_radius_m, frame,
+            self.field_params.stalk_radius_m, frame, self._noise_counters,
         )
         return out
 
@@ -255,8 +256,10 @@ def _line3d(img, zbuf, pose, focal, h_cam, pitch, x0, y0, z0, x1, y1, z1, rad0, 
 
 
 @njit(cache=True, nogil=True)
-def _render(out, ground, ray, pose, st, spacing, focal, h_cam, pitch, pxy, height, spread, pseed, pyaw, stalk_r, frame):
+def _render(out, ground, ray, pose, st, spacing, focal, h_cam, pitch, pxy, height, spread, pseed, pyaw, stalk_r, frame,
+            noise_counters):
     h, w = out.shape[0], out.shape[1]
+    memo = np.full((4, 6), np.nan)  # one per noise layer: neighbouring pixels share cells (value_noise_memo)
     key = np.uint64(st.key)
     img = np.empty((h, w, 3))
     zbuf = np.empty((h, w))
@@ -267,13 +270,14 @@ def _render(out, ground, ray, pose, st, spacing, focal, h_cam, pitch, pxy, heigh
             if math.isfinite(depth):
                 wx = pose.x + gf * c - gl * s
                 wy = pose.y + gf * s + gl * c
-                tex = 0.65 * value_noise(wx * 7.0, wy * 7.0, key) + 0.35 * value_noise(wx * 31.0, wy * 31.0, key + 1)
+                tex = (0.65 * value_noise_memo(wx * 7.0, wy * 7.0, key, memo[0])
+                       + 0.35 * value_noise_memo(wx * 31.0, wy * 31.0, key + 1, memo[1]))
                 # Lateral position of this ground point relative to the corridor centre line.
                 lat = pose.lateral + gf * math.sin(pose.heading) + gl * math.cos(pose.heading)
                 lat -= 0.5 * pose.curvature * (gf * math.cos(pose.heading)) ** 2
                 to_row = (0.5 - abs(((lat / spacing + 0.5) % 1.0) - 0.5)) * spacing
                 dark = 1.0 - st.row_darkening * math.exp(-((to_row / 0.12) ** 2))
-                sh = 1.0 - st.shade * value_noise(wx * 1.3 + 100.0, wy * 1.3, key + 2)
+                sh = 1.0 - st.shade * value_noise_memo(wx * 1.3 + 100.0, wy * 1.3, key + 2, memo[2])
                 k = (1.0 + st.soil_contrast * (2.0 * tex - 1.0)) * dark * sh
                 fog = math.exp(-gf / st.fog_m)
                 cr = st.soil_r * k * fog + st.canopy_r * (1 - fog)
@@ -282,7 +286,7 @@ def _render(out, ground, ray, pose, st, spacing, focal, h_cam, pitch, pxy, heigh
                 zbuf[v, u] = depth
             else:
                 az, el = ray[v, u, 0] + pose.yaw, ray[v, u, 1]
-                leafy = value_noise(az * 25.0, el * 25.0, key + 3)
+                leafy = value_noise_memo(az * 25.0, el * 25.0, key + 3, memo[3])
                 sky = 1.0 if leafy < st.sky_fraction * (0.5 + 2.0 * el) else 0.0
                 k = 0.7 + 0.6 * leafy
                 cr = st.canopy_r * k * (1 - sky) + 0.85 * sky
@@ -333,6 +337,6 @@ def _render(out, ground, ray, pose, st, spacing, focal, h_cam, pitch, pxy, heigh
                 elif ch == 2:
                     val *= st.tint_b
                 if st.noise_std > 0:
-                    val += st.noise_std * (2.0 * uniform(noise_key, np.uint64(n)) - 1.0) * 1.7
+                    val += st.noise_std * (2.0 * uniform_of_mixed(noise_key, noise_counters[n]) - 1.0) * 1.7
                 n += 1
                 out[v, u, ch] = np.uint8(min(255.0, max(0.0, val * 255.0 + 0.5)))

@@ -8,9 +8,13 @@ JSON log, a dashboard) is one more subscriber; a new kind of progress is one mor
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, TypeAlias
+
+from qaopt.app_spec.store import atomic_path
 
 
 @dataclass(frozen=True)
@@ -138,10 +142,33 @@ class StageEvents:
 
 @dataclass
 class StageTimes:
-    """The wall time of each finished stage (the report's cost table), as a subscriber."""
+    """The wall time of each stage that computed its artifact (the report's cost table), as a subscriber.
+
+    Kept in a file (:meth:`kept_in`), the times outlive the process: a resumed run reads its finished stages back
+    in a moment, and the table still says what each cost when it was computed; ``read_back`` names those stages.
+    """
 
     seconds: dict[str, float] = field(default_factory=dict)
+    read_back: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+    @classmethod
+    def kept_in(cls, path: Path) -> StageTimes:
+        """Times kept in ``path`` (JSON), starting from those an earlier process of the run wrote there."""
+        try:
+            stored = json.loads(path.read_text())
+            seconds = {str(stage): float(s) for stage, s in stored.items()}
+        except (OSError, ValueError, AttributeError, TypeError):  # none yet, or unreadable: they only inform
+            seconds = {}
+        return cls(seconds=seconds, path=path)
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, StageFinished):
-            self.seconds[event.stage] = round(event.seconds, 2)
+        if not isinstance(event, StageFinished):
+            return
+        if event.resumed:  # its cost is the earlier process's, kept in the file where there was one
+            self.read_back.append(event.stage)
+            return
+        self.seconds[event.stage] = round(event.seconds, 2)
+        if self.path is not None:
+            with atomic_path(self.path) as tmp:
+                tmp.write_text(json.dumps(self.seconds, indent=1))

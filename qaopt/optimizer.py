@@ -37,7 +37,7 @@ from qaopt.result import Result
 from qaopt.search import OptimizeError, open_storage
 from qaopt.spec import check_spec, load_spec
 from qaopt.spec_adapter import check_nn_shapes, with_time_limit
-from qaopt.stages.report import ReportStage
+from qaopt.stages.report import STAGE_TIMES_FILE, ReportStage
 
 
 def optimize(
@@ -81,7 +81,7 @@ def optimize(
                       calibration_budget=calibration_budget, say=console.log)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     storage_ = open_storage(plan.storage_url)  # fail fast on the storage before any expensive work
-    events, times = Events(), StageTimes()
+    events, times = Events(), StageTimes.kept_in(plan.run_dir / STAGE_TIMES_FILE)
     events.subscribe(ConsoleView(console, quiet=quiet))
     events.subscribe(times)
     with open_executor(cluster=cluster, workers=workers, spec=spec) as executor:

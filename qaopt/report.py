@@ -76,6 +76,16 @@ def _strata_table(strata: dict[str, dict[str, float]]) -> str:
     return "\n".join(rows)
 
 
+def _cost_rows(result: Result) -> list[str]:
+    """The cost table's rows: each stage's seconds when it was computed, and which stages this process read back."""
+    rows = []
+    for stage in [*result.seconds, *(s for s in result.read_back if s not in result.seconds)]:
+        seconds = f"{result.seconds[stage]:.1f}" if stage in result.seconds else "not recorded"
+        where = " (an earlier process of this run; read back here)" if stage in result.read_back else ""
+        rows.append(f"| {stage} | {seconds}{where} |")
+    return rows
+
+
 def write_report(result: Result, run_dir: Path) -> Path:
     """Write ``report.md`` and ``pareto.png`` into ``run_dir`` from ``result`` alone; ``region.png`` comes from the region stage.
 
@@ -147,7 +157,7 @@ def write_report(result: Result, run_dir: Path) -> Path:
         lines += ["", "Infeasible whatever their errors (the search went on):", ""] + [f"- {u}" for u in unusable]
     lines += ["", "### Candidates (aware study, measured trials)", "", _candidate_table(result.studies["aware"]), ""]
     lines += ["## Cost", "", "| stage | seconds |", "|---|---|"]
-    lines += [f"| {stage} | {seconds:.1f} |" for stage, seconds in result.seconds.items()]
+    lines += _cost_rows(result)
     lines += ["", f"Kernel tuning per candidate: {result.tuning}.", ""]
     if result.search_backend is not None:
         lines += [f"Trials were timed on {result.search_backend} (target.search_backend); the reference and the chosen "

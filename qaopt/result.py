@@ -461,7 +461,11 @@ class Result(_Model):
         "stratum, the figures a candidate's stratum errors are compared with; empty without strata"))
     report: Path
     artifacts: dict[str, dict[str, Path]] = Field(default_factory=dict)
-    seconds: dict[str, float] = Field(default_factory=dict, description="wall time of each stage")
+    seconds: dict[str, float] = Field(default_factory=dict, description=(
+        "wall time of each stage when it computed its artifact, in this process or an earlier one of the run"))
+    read_back: list[str] = Field(default_factory=list, description=(
+        "stages whose artifact this process read back from an earlier process of the run (their seconds are that "
+        "process's; none where it kept no times)"))
 
     @model_validator(mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import sys
 import textwrap
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,11 @@ from qaopt.pipeline import (
     unregister_stage,
 )
 from qaopt.plan import build_plan
+from qaopt.report import _cost_rows
 from qaopt.search import open_storage
 from qaopt.spec import load_spec
 from qaopt.stages.region import RegionStage
+from qaopt.stages.report import STAGE_TIMES_FILE
 
 TINY = Path(__file__).resolve().parent / "apps" / "tiny.yaml"
 
@@ -113,7 +116,30 @@ def test_the_runner_loads_what_is_stored_runs_the_rest_and_brackets_each_with_ev
     started = [e.stage for e in seen if isinstance(e, ev.StageStarted)]
     finished = [(e.stage, e.resumed) for e in seen if isinstance(e, ev.StageFinished)]
     assert started == ["a", "b", "c"] and finished == [("a", False), ("b", True), ("c", False)]
-    assert set(times.seconds) == {"a", "b", "c"}
+    assert set(times.seconds) == {"a", "c"} and times.read_back == ["b"], "a stage read back cost nothing here"
+
+
+def test_a_resumed_run_reports_what_its_stages_cost_when_they_were_computed(tmp_path):
+    """The first process computes a and b and is killed in c; the second reads a and b back and computes c: its
+    cost table has a's and b's seconds from the first process, marked read back, and c's own."""
+    path = tmp_path / "run" / STAGE_TIMES_FILE
+    first = ev.Events()
+    kept = first.subscribe(ev.StageTimes.kept_in(path))
+    first.emit(ev.StageFinished("a", 12.3))
+    first.emit(ev.StageFinished("b", 60.0))
+    second = ev.Events()
+    times = second.subscribe(ev.StageTimes.kept_in(path))
+    for stage in ("a", "b"):
+        second.emit(ev.StageFinished(stage, 0.01, resumed=True))
+    second.emit(ev.StageFinished("c", 7.0))
+    assert kept.seconds == {"a": 12.3, "b": 60.0}
+    assert times.seconds == {"a": 12.3, "b": 60.0, "c": 7.0} and times.read_back == ["a", "b"]
+    rows = _cost_rows(SimpleNamespace(seconds=times.seconds, read_back=times.read_back + ["d"]))
+    assert rows == ["| a | 12.3 (an earlier process of this run; read back here) |",
+                    "| b | 60.0 (an earlier process of this run; read back here) |", "| c | 7.0 |",
+                    "| d | not recorded (an earlier process of this run; read back here) |"]
+    path.write_text("not json")
+    assert ev.StageTimes.kept_in(path).seconds == {}, "unreadable times only inform: the run goes on"
 
 
 def test_the_console_counts_trials_by_their_numbers_not_their_text():

@@ -22,6 +22,8 @@ from qaopt.stages.validation import Validated
 
 RESULT_FILE = "result.json"
 REPORT_FILE = "report.md"
+STAGE_TIMES_FILE = "stage_seconds.json"
+"""Each stage's wall time when it computed its artifact, kept for the cost table of a resumed run."""
 
 
 @register_stage
@@ -79,6 +81,7 @@ class ReportStage(BaseStage):
             artifacts=(export_configuration(reference.ctx, aware, plan.run_dir / ARTIFACTS)
                        if aware is not None else {}),
             seconds=dict(run.times.seconds),
+            read_back=list(run.times.read_back),
         )
         write_report(result, plan.run_dir)
         result.save(plan.run_dir / RESULT_FILE)

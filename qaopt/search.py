@@ -538,14 +538,15 @@ def run_study(
 def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events: StageEvents,
           known: Sequence[Configuration]) -> None:
     """Enqueue the aware study's seeds that it does not hold yet (all of them in a new study)."""
+    plan = ctx.plan
     # The reference configuration (nothing approximated) is always the first trial.
     reference_knobs = ctx.reference_knobs
-    spaces = {nn: ctx.plan.knob_spaces[nn] for nn in reference_knobs}
+    spaces = {nn: plan.knob_spaces[nn] for nn in reference_knobs}
     params: dict[str, Any] = {}
     for nn, k in reference_knobs.items():
         params.update(spaces[nn].params_of(k, nn))
     params["schedule"] = "sequential"
-    params.update({group.param: False for group in ctx.plan.merge_groups})
+    params.update({group.param: False for group in plan.merge_groups})
     study.enqueue_trial(params, skip_if_exists=True)
     # Then the cheapest combination of probes found inside the study's bounds and a milder fallback
     # (qaopt.seeding), so that a short study does not have to come upon them by sampling.
@@ -556,7 +557,8 @@ def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events:
         study.enqueue_trial(configuration_params(ctx, config), skip_if_exists=True)
     # Then each precision alone, apart and then on each merged NN (precision_trials).
     probes = {nn: spaces[nn].probes(alone=True) for nn in reference_knobs}
-    for trial in precision_trials(params, reference_knobs, probes, {g: ctx.merge_leads[g] for g in ctx.plan.merge_groups}):
+    leads = {g: ctx.merge_leads[g] for g in plan.merge_groups}
+    for trial in precision_trials(params, reference_knobs, probes, leads):
         study.enqueue_trial(trial, skip_if_exists=True)
 
 

@@ -30,11 +30,13 @@ Four steps, the first three run on the GPU machine:
     It also times the artifact by qaopt's own path (``qaopt_on_artifact``: the backend the run
     chose, qaopt's protocol), which places a gap on the module or on the measurement.
 
-``reference SPEC``
+``reference SPEC [--tvm-trials N]``
     The same comparison for the spec's reference NNs, each measured by qaopt's own path
     (``kernels.AutoBackend`` on the spec's target, the default protocol: what a search trial
     measures) and by the modes above, in one call on one machine: a check of the backends and
-    the measurement that needs no optimize run.
+    the measurement that needs no optimize run. With ``--tvm-trials``, qaopt's path adds its
+    ``tvm`` backend tuned with N trials per NN, and the modes add TVM built by TVM's own API,
+    untuned (its generic GPU schedules) and tuned by MetaSchedule with N trials.
 
 ``assemble``
     Writes ``docs/benchmarks/gpu.json`` from the install check, the quick run and the latency
@@ -43,8 +45,8 @@ Four steps, the first three run on the GPU machine:
     python benchmarks/gpu.py install --pip-log pip.log --pip-status 0 --junit junit.xml --out $OUT/install.json
     python benchmarks/gpu.py quick examples/runs/cropfollow-gpu --seconds 512 --out $OUT/quick.json
     python benchmarks/gpu.py default examples/runs/cropfollow-resnet18-gpu --seconds 1500 --out $OUT/resnet18.json
-    python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune]
-    python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json
+    python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune] [--tvm-trials N]
+    python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json [--tvm-trials N]
     python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json \
         --compact compact.json --resnet18 resnet18.json --resnet18-latency latency-resnet18.json \
         [--resnet18-best-backends resnet18.json --resnet18-best-backends-latency latency-resnet18.json]
@@ -66,6 +68,9 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = REPO / "docs" / "benchmarks" / "gpu.json"
 MODES = ("eager", "compile-default", "compile-reduce-overhead", "cuda-graph")
 AUTOTUNE = "compile-max-autotune"
+TVM_MODES = ("tvm", "tvm-tuned")
+"""TVM built by its own API (not qaopt's path): TVM's generic GPU schedules, and tuned by MetaSchedule's
+``tune_relax`` with ``--tvm-trials`` trials; both replay the model as a CUDA graph (``--tvm-trials 0``: left out)."""
 WARMUP, SAMPLES, FRAMES = 50, 30, 20
 WARMUP_S = 2.0
 MODE_TIMEOUT_S = 900
@@ -79,9 +84,47 @@ path, shape, mode = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 module = torch.load(path, weights_only=False, map_location="cuda").eval()
 dtype = next(module.parameters()).dtype
 x = torch.rand(*shape, device="cuda", dtype=dtype)
+tuning_s = None
+
+if mode.startswith("tvm"):
+    # TVM by its own API. Its torch importer gives convolutions float32 outputs, so an fp16 NN is imported in fp32
+    # and cast back by TVM's mixed-precision pass (fp16 arithmetic, fp32 accumulation).
+    import tempfile
+    import tvm
+    from tvm import relax
+    from tvm.relax import transform as T
+    from tvm.relax.frontend.torch import from_exported_program
+    from tvm.s_tir import meta_schedule as ms
+
+    half = dtype == torch.float16
+    host = torch.rand(*shape)
+    program = torch.export.export(module.float().cpu(), (host,))
+    mod = from_exported_program(program, keep_params_as_input=False)
+    target = tvm.target.Target(tvm.target.Target.from_device(tvm.cuda(0)), host={"kind": "llvm"})
+    with target:
+        mod = tvm.transform.Sequential([T.DecomposeOpsForInference(), T.CanonicalizeBindings(),
+                                        *([T.ConvertToDataflow(), T.ToMixedPrecision(out_dtype="float32")] if half else []),
+                                        relax.get_pipeline("zero")])(mod)
+    trials = int(sys.argv[4])
+    if mode == "tvm-tuned":
+        begin = time.perf_counter()
+        with tempfile.TemporaryDirectory() as work:
+            database = ms.relax_integration.tune_relax(mod, {}, target, work, max_trials_global=trials, seed=0)
+            with target, database:
+                mod = T.MetaScheduleApplyDatabase()(mod)
+        tuning_s = round(time.perf_counter() - begin, 1)
+    with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+        executable = tvm.compile(mod, target)
+    device = tvm.cuda(0)
+    vm = relax.VirtualMachine(executable, device)
+    main, argument = vm["main"], tvm.runtime.tensor(host.numpy(), device)
+    run = lambda: main(argument)
+    torch.cuda.synchronize()
 
 with torch.inference_mode():
-    if mode == "eager":
+    if mode.startswith("tvm"):
+        pass
+    elif mode == "eager":
         run = lambda: module(x)
     elif mode.startswith("compile-"):
         from torch._inductor import config
@@ -117,15 +160,15 @@ with torch.inference_mode():
         end.synchronize()
         samples.append(begin.elapsed_time(end) / FRAMES)
 print(json.dumps({"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples),
-                  "dtype": str(dtype).replace("torch.", "")}))
+                  "dtype": str(dtype).replace("torch.", ""), **({"tuning_s": tuning_s} if tuning_s else {})}))
 """.replace("WARMUP_S", str(WARMUP_S)).replace("WARMUP", str(WARMUP)).replace("SAMPLES", str(SAMPLES)).replace("FRAMES", str(FRAMES))
 
 
-def _time_mode(module_path: Path, shape: list[int], mode: str) -> dict:
+def _time_mode(module_path: Path, shape: list[int], mode: str, tvm_trials: int = 0) -> dict:
     """One mode in a fresh process: its figure, or what went wrong (a timeout, a crash's last line)."""
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-c", ONE, str(module_path), json.dumps(shape), mode],
+        proc = subprocess.run([sys.executable, "-c", ONE, str(module_path), json.dumps(shape), mode, str(tvm_trials)],
                               capture_output=True, text=True, timeout=MODE_TIMEOUT_S, cwd=module_path.parent)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {MODE_TIMEOUT_S} s"}
@@ -274,11 +317,11 @@ def _qaopt_on_artifact(module_path: Path, shape: list[int], backend: str) -> dic
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def latency(run_dir: Path, out: Path, max_autotune: bool) -> dict:
+def latency(run_dir: Path, out: Path, max_autotune: bool, tvm_trials: int = 0) -> dict:
     """Every chosen NN of ``run_dir`` timed in every mode, against the latency qaopt reported for it."""
     result = json.loads((run_dir / "result.json").read_text())
     aware = result["aware"]
-    modes = (*MODES, AUTOTUNE) if max_autotune else MODES
+    modes = (*MODES, *((AUTOTUNE,) if max_autotune else ()), *(TVM_MODES if tvm_trials else ()))
     rows, seen = {}, {}
     for name, choice in aware["nns"].items():
         if choice["candidate"] in seen:  # a merged NN runs once per frame for all it serves
@@ -288,7 +331,7 @@ def latency(run_dir: Path, out: Path, max_autotune: bool) -> dict:
         nn_dir = run_dir / "artifacts" / name
         form = json.loads((nn_dir / "artifact.json").read_text())
         shape = form.get("input_shape") or form.get("data", {}).get("input_shape")
-        figures = {mode: _time_mode((nn_dir / "module.pt").resolve(), shape, mode) for mode in modes}
+        figures = {mode: _time_mode((nn_dir / "module.pt").resolve(), shape, mode, tvm_trials) for mode in modes}
         timed = {m: f["median_ms"] for m, f in figures.items() if "median_ms" in f}
         best_mode = min(timed, key=timed.get) if timed else None
         rows[name] = {"knobs": choice["knobs"], "serves": choice.get("serves", []), "qaopt_backend": choice["backend"],
@@ -311,8 +354,13 @@ def latency(run_dir: Path, out: Path, max_autotune: bool) -> dict:
     return record
 
 
-def reference(spec_path: Path, out: Path) -> dict:
-    """The spec's reference NNs: qaopt's measurement on its target against the best independent mode."""
+def reference(spec_path: Path, out: Path, tvm_trials: int = 0) -> dict:
+    """The spec's reference NNs: qaopt's measurement on its target against the best independent mode.
+
+    With ``tvm_trials``, qaopt's path also measures its ``tvm`` backend, survey-tuned with that many trials per NN
+    (``target.tuning.trials``), and the independent modes gain TVM built by its own API (:data:`TVM_MODES`).
+    """
+    import dataclasses
     import tempfile
 
     import numpy as np
@@ -324,6 +372,11 @@ def reference(spec_path: Path, out: Path) -> dict:
 
     spec = load_spec(spec_path)
     target = kernels.Target.from_spec(spec.target)
+    backends = None
+    if tvm_trials:
+        target = dataclasses.replace(target, tuning=kernels.TuningBudget(trials=tvm_trials))
+        backends = [*kernels.auto.DEVICE_BACKENDS[target.device], "tvm"]
+    modes = (*MODES, *TVM_MODES) if tvm_trials else MODES
     rows = {}
     with tempfile.TemporaryDirectory(prefix="qaopt-gpu-ref-") as tmp:
         for name, nn in spec.nns.items():
@@ -331,15 +384,16 @@ def reference(spec_path: Path, out: Path) -> dict:
             path = Path(tmp) / f"{name}.pt"
             torch.save(module, path)
             x = np.random.default_rng(0).random(tuple(nn.input_shape), dtype=np.float32)
-            compiled = kernels.AutoBackend().compile(module, [x], target)
+            compiled = kernels.AutoBackend(backends=backends, cache_dir=Path(tmp)).compile(module, [x], target)
             measured = {o.backend: (round(o.measurement.median_ms, 4) if o.measurement else o.error)
                         for o in compiled.outcomes}
+            tuning = {o.backend: o.tuning for o in compiled.outcomes if o.tuning}
             qaopt_ms = compiled.best_outcome.measurement.median_ms
-            figures = {mode: _time_mode(path, list(nn.input_shape), mode) for mode in MODES}
+            figures = {mode: _time_mode(path, list(nn.input_shape), mode, tvm_trials) for mode in modes}
             timed = {m: f["median_ms"] for m, f in figures.items() if "median_ms" in f}
             best_mode = min(timed, key=timed.get)
             rows[name] = {"qaopt_backend": compiled.backend, "qaopt_ms": qaopt_ms, "backends_measured": measured,
-                          "modes": figures, "best_mode": best_mode, "best_ms": timed[best_mode],
+                          **({"qaopt_tuning": tuning} if tuning else {}), "modes": figures, "best_mode": best_mode, "best_ms": timed[best_mode],
                           "latency_vs_best": round(qaopt_ms / timed[best_mode], 3)}
             print(f"{name}: qaopt {compiled.backend} {qaopt_ms:.3f} ms; "
                   + ", ".join(f"{m} {t:.3f}" for m, t in timed.items()), flush=True)
@@ -432,13 +486,16 @@ def main() -> None:
     d.add_argument("--seconds", type=float, required=True)
     d.add_argument("--out", type=Path, required=True)
     p = sub.add_parser("latency", help="time the run's chosen NNs in every mode")
-    p.set_defaults(step=lambda args: latency(args.run_dir, args.out, args.max_autotune))
+    p.set_defaults(step=lambda args: latency(args.run_dir, args.out, args.max_autotune, args.tvm_trials))
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--max-autotune", action="store_true", help="also Inductor's max-autotune (minutes per NN)")
+    p.add_argument("--tvm-trials", type=int, default=0, help="also TVM by its own API, tuned with this many trials")
     r = sub.add_parser("reference", help="the spec's reference NNs: qaopt's measurement against the modes")
-    r.set_defaults(step=lambda args: reference(args.spec, args.out))
+    r.set_defaults(step=lambda args: reference(args.spec, args.out, args.tvm_trials))
     r.add_argument("spec", type=Path)
+    r.add_argument("--tvm-trials", type=int, default=0,
+                   help="also TVM: qaopt's backend tuned with this many trials per NN, and TVM by its own API")
     r.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
     a.set_defaults(step=lambda args: assemble(

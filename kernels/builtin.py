@@ -27,7 +27,8 @@ def _openvino(**_: Any) -> OpenVinoBackend:
 # natively on AVX-512 BF16 CPUs and every recent GPU, as OpenVINO does under its bf16 precision hint; fp16 is
 # native on GPUs (x86 CPUs without AVX-512 FP16 emulate it, slower than fp32). int8 runs integer (VNNI) kernels
 # through the static QDQ graph on ONNX Runtime and OpenVINO, and on TVM, whose import qaopt rewrites into
-# integer convolutions (docs/latency.md, "TVM and int8").
+# integer convolutions (docs/latency.md, "TVM and int8"); those are CPU (VNNI) kernels, so on a GPU TVM declares
+# fp32 and fp16, which MetaSchedule tunes into CUDA kernels (docs/latency.md, "TVM on a GPU").
 register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST, CUDA_GRAPH), package="torch",
                  dtypes=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"))
 register_backend("torch-compile", TorchCompileBackend.factory, variants=COMPILE_MODES, package="torch",
@@ -35,6 +36,7 @@ register_backend("torch-compile", TorchCompileBackend.factory, variants=COMPILE_
 register_backend("onnxruntime", _onnxruntime, package="onnxruntime",
                  dtypes=("fp32", "int8"), devices=("cpu", "cuda"))
 register_backend("openvino", _openvino, package="openvino", dtypes=("fp32", "bf16", "int8"), devices=("cpu",))
-register_backend("tvm", TvmBackend, package="apache-tvm", dtypes=("fp32", "int8"), devices=("cpu", "rpc"))
+register_backend("tvm", TvmBackend, package="apache-tvm",
+                 dtypes={"cpu": ("fp32", "int8"), "rpc": ("fp32", "int8"), "cuda": ("fp32", "fp16")})
 # auto runs nothing itself: it measures the backends above that run the candidate's dtype on the device.
 register_backend("auto", AutoBackend, dtypes=())

@@ -10,7 +10,9 @@ the one place that reads that text; everything else handles the typed reference.
 
 A backend also declares what it runs: the dtypes it has kernels for and the devices
 it serves (``register_backend("onnxruntime", ..., dtypes=("fp32", "int8"),
-devices=("cpu", "cuda"))``). :func:`backends_running` answers "which backends run
+devices=("cpu", "cuda"))``), or the dtypes per device where they differ
+(``dtypes={"cpu": ("fp32", "int8"), "cuda": ("fp32", "fp16")}``: TVM's integer kernels
+are CPU (VNNI) kernels, its fp16 ones GPU kernels). :func:`backends_running` answers "which backends run
 int8" from those declarations alone, so a plugin's backend (a vendor NPU runtime,
 TensorRT) is offered int8 candidates by declaring it, and the search never hands a
 backend a dtype it would only emulate.
@@ -22,7 +24,7 @@ imported; this module imports no backend, so nothing here forms an import circle
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,16 +86,26 @@ class _Entry:
     factory: Callable[..., Any]
     variants: tuple[str, ...]
     package: str | None
-    dtypes: tuple[str, ...]
-    devices: tuple[str, ...]
+    dtypes: dict[str, tuple[str, ...]]
+    """Device -> the dtypes the backend has kernels for there; its keys are the devices it serves."""
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(self.dtypes)
+
+    def dtypes_on(self, device: str | None) -> tuple[str, ...]:
+        """The dtypes it runs on ``device``, or on any device it serves (``None``), in declaration order."""
+        if device is not None:
+            return self.dtypes.get(device, ())
+        return tuple(dict.fromkeys(d for dtypes in self.dtypes.values() for d in dtypes))
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
 def register_backend(name: str, factory: Callable[..., Any], *, variants: Sequence[str] = (),
-                     package: str | None = None, dtypes: Sequence[str] = (FLOAT,),
-                     devices: Sequence[str] = DEVICES) -> None:
+                     package: str | None = None, dtypes: Sequence[str] | Mapping[str, Sequence[str]] = (FLOAT,),
+                     devices: Sequence[str] | None = None) -> None:
     """Add a backend (a team's own compiler, say) under ``name``; a spec can then name it in ``target.backend``.
 
     ``factory(**options)`` returns a :class:`~qaopt.kernels.Backend`; options are
@@ -105,16 +117,25 @@ def register_backend(name: str, factory: Callable[..., Any], *, variants: Sequen
     ``fp32``, ``bf16``, ``fp16``, ``int8``): the search gives it candidates of those
     only. ``devices`` are the target devices it serves (``cpu``, ``cuda``, ``rpc``; by
     default all of them, its ``unavailable_reason`` having the last word on this machine).
+    Where its kernels differ by device, ``dtypes`` maps each device it serves to its dtypes
+    there, and ``devices`` is left out.
     """
     ref = BackendRef.parse(name)
     if ref.variant:
         raise BackendUnavailableError(f"register_backend: '{name}': register the plain name and list the variant "
                                       f"in variants=('{ref.variant}',)")
-    unknown = [d for d in devices if d not in DEVICES]
+    if isinstance(dtypes, Mapping):
+        if devices is not None:
+            raise BackendUnavailableError(f"register_backend: '{name}': dtypes per device name the devices it serves; "
+                                          "leave devices out")
+        per_device = {device: tuple(ds) for device, ds in dtypes.items()}
+    else:
+        per_device = {device: tuple(dtypes) for device in (DEVICES if devices is None else devices)}
+    unknown = [d for d in per_device if d not in DEVICES]
     if unknown:
         raise BackendUnavailableError(f"register_backend: '{name}': no device named {', '.join(map(repr, unknown))}; "
                                       f"devices are {', '.join(DEVICES)}")
-    _REGISTRY[ref.name] = _Entry(factory, tuple(variants), package, tuple(dtypes), tuple(devices))
+    _REGISTRY[ref.name] = _Entry(factory, tuple(variants), package, per_device)
 
 
 def unregister_backend(name: str) -> None:
@@ -155,13 +176,12 @@ def backend_names() -> list[str]:
 def backends_running(dtype: str, device: str | None = None) -> tuple[str, ...]:
     """The backends (plain names, in registration order) that declare kernels for ``dtype`` (and serve ``device``,
     when one is given)."""
-    return tuple(name for name, entry in _REGISTRY.items()
-                 if dtype in entry.dtypes and (device is None or device in entry.devices))
+    return tuple(name for name, entry in _REGISTRY.items() if dtype in entry.dtypes_on(device))
 
 
-def backend_dtypes(ref: str | BackendRef) -> tuple[str, ...]:
-    """The dtypes a registered backend declares kernels for."""
-    return _REGISTRY[resolve(ref).name].dtypes
+def backend_dtypes(ref: str | BackendRef, device: str | None = None) -> tuple[str, ...]:
+    """The dtypes a registered backend declares kernels for (on ``device``, or on any device it serves)."""
+    return _REGISTRY[resolve(ref).name].dtypes_on(device)
 
 
 def backend_devices(ref: str | BackendRef) -> tuple[str, ...]:

@@ -40,7 +40,7 @@ from .errors import BuildError
 from .measure import device_lock
 from .registry import backend_version
 from .target import host_cpu_info
-from .tvm_build import Prepared, host_cpu
+from .tvm_build import Prepared, host_cpu, is_cuda
 from .tvm_int8 import load_tensor_intrinsics
 
 # --------------------------------------------------------------------------- builder and runner
@@ -412,9 +412,8 @@ class SurveyTuner:
             tunable = [t for t in tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
             cold = [t for t in tunable if not self.database.known(db, t)]
             report.tasks, report.hits = len(tunable), len(tunable) - len(cold)
-            peak = cpu_peak_gflops(threads) * (INT8_PEAK_FACTOR if prepared.integer_convolutions else 1)
-            optimistic_ms = report.flops / (self.attainable * peak * 1e9) * 1e3
-            if incumbent_ms is not None and optimistic_ms >= incumbent_ms:
+            optimistic_ms = self._optimistic_ms(prepared, report.flops, threads)
+            if incumbent_ms is not None and optimistic_ms is not None and optimistic_ms >= incumbent_ms:
                 report.stopped = (f"skipped: even at {self.attainable:.0%} of peak ({optimistic_ms:.2f} ms) "
                                   f"it cannot beat the incumbent {incumbent_ms:.2f} ms")
             elif not cold:
@@ -428,6 +427,23 @@ class SurveyTuner:
             report.chosen = "tuned"
             return report, db
         return report, None
+
+    def _search_threads(self, cold: list[Any]) -> int:
+        """Threads of the evolutionary search. One on a CPU target, whose cores the builders and the timed runs
+        need. On a GPU every sampled schedule is also lowered and checked against the GPU's limits
+        (``VerifyGPUCode``), and the tuning process's one busy thread, not the builders or the GPU, set the pace:
+        90 % of a core through the 25 minutes of a compact NN's first 262 trials on the GPU host, its 16 builder
+        processes near 10 % each (docs/latency.md, "TVM on a GPU"). The host's cores are idle while the search
+        runs, so on a GPU it gets the builders' share."""
+        return self.builder_workers if is_cuda(cold[0].target) else 1
+
+    def _optimistic_ms(self, prepared: Prepared, flops: float, threads: int | None) -> float | None:
+        """The latency tuning could reach at best: FLOPs at ``attainable`` of the CPU's peak. ``None`` on a GPU,
+        where a batch-1 NN is bound by its kernel launches, not its arithmetic, so FLOPs bound nothing useful."""
+        if is_cuda(prepared.target):
+            return None
+        peak = cpu_peak_gflops(threads) * (INT8_PEAK_FACTOR if prepared.integer_convolutions else 1)
+        return flops / (self.attainable * peak * 1e9) * 1e3
 
     def _survey(self, cold: list[Any], db: Any, evaluate: Callable[[Any], float], report: TuningReport,
                 trials: int, seconds: float | None, runner: Any) -> None:
@@ -455,7 +471,8 @@ class SurveyTuner:
                 try:
                     with _meta_schedule_console(logging.WARNING), native_log(Path(work_dir) / NATIVE_LOG):
                         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                            cold, work_dir, strategy=strategy, seed=self.seed + len(report.rounds), num_threads=1)
+                            cold, work_dir, strategy=strategy, seed=self.seed + len(report.rounds),
+                            num_threads=self._search_threads(cold))
                         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=n,
                                       max_trials_per_task=n, num_trials_per_iter=per_task,
                                       builder=builder, runner=runner, database=db, cost_model=cost_model,

@@ -20,11 +20,12 @@ from .measure import Protocol
 from .model import Model
 from .remote import RemoteTvmCompiled
 from .target import Target
+from .torch_backends import CudaEventTimer
 from .tvm_build import Prepared, build, configure_threads, export_library, flatten, prepare
 
 
 class TvmCompiled(LocalCompiled):
-    """A Relax VM executable running on this machine's CPU."""
+    """A Relax VM executable running in this process: on this machine's CPU, or on its GPU for a CUDA target."""
 
     backend = "tvm"
 
@@ -37,14 +38,15 @@ class TvmCompiled(LocalCompiled):
         self.executable = executable
         self.prepared = prepared
         self.tuning = tuning  # the TuningReport when it was tuned
-        self.device = tvm.cpu()
+        self.device = tvm.cuda(0) if target.device == "cuda" else tvm.cpu()
         self.vm = relax.VirtualMachine(executable, self.device)
         self._args = self._tensors(self.example_inputs)
 
     def _tensors(self, inputs: Sequence[np.ndarray]) -> list[Any]:
         import tvm
 
-        return [tvm.runtime.tensor(np.ascontiguousarray(x), self.device) for x in inputs]
+        return [tvm.runtime.tensor(np.ascontiguousarray(x, dtype=dtype), self.device)
+                for x, dtype in zip(inputs, self.prepared.input_dtypes)]
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         configure_threads(self.target.threads)
@@ -54,15 +56,73 @@ class TvmCompiled(LocalCompiled):
     def inference(self) -> Callable[[], Any]:
         configure_threads(self.target.threads)
         main, args = self.vm["main"], self._args
+        if self.target.device == "cuda":
+            sync = self.device.sync
+
+            def frame() -> Any:  # a frame on a GPU ends when its result is ready (as torch's, .torch_backends)
+                out = main(*args)
+                sync()
+                return out
+
+            return frame
         return lambda: main(*args)
 
+    def _sync(self) -> Callable[[], None] | None:
+        return self.device.sync if self.target.device == "cuda" else None
+
+    def _timer(self) -> Any:
+        """CUDA events on the null stream, which TVM launches on, as torch's GPU backends are timed."""
+        return CudaEventTimer() if self.target.device == "cuda" else None
+
+    def _cuda_peak(self) -> Any:
+        """On a GPU, memory TVM's allocator holds is invisible to torch's counters and the host's resident set:
+        left unmeasured (``None``) rather than reported as the host's."""
+        if self.target.device != "cuda":
+            return None
+        return lambda: ((lambda: None), (lambda: None))
+
     def export(self, path: str | Path) -> Path:
-        """The compiled library (.so, loadable with ``tvm.runtime.load_module``; .tar of objects for a cross target)."""
+        """The compiled library (.so, loadable with ``tvm.runtime.load_module``; .tar of objects for a cross target;
+        for a GPU, the .so carries the CUDA kernels)."""
         return export_library(self.executable, Path(path), self.target)
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why TVM cannot build and run CUDA kernels in this process (``None`` when it can).
+
+    TVM's PyPI wheel carries its CUDA runtime as a side library that loads, silently or not at all, when ``tvm`` is
+    imported; it needs the CUDA runtime a CUDA torch brings, so torch is imported first. Kernels are compiled by
+    NVRTC through the ``cuda-bindings`` package (no CUDA toolkit needed).
+    """
+    import importlib.util
+
+    import torch  # noqa: F401 - loads the CUDA runtime libraries TVM's CUDA runtime links against
+    import tvm
+
+    if not tvm.runtime.enabled("cuda"):
+        return ("TVM's CUDA runtime did not load here (its wheel's libtvm_runtime_cuda.so needs libcudart and "
+                "libcuda of CUDA 13: a CUDA 13 torch brings the first, the NVIDIA driver the second)")
+    if not tvm.cuda(0).exist:
+        return "TVM sees no CUDA GPU here"
+    if importlib.util.find_spec("cuda.bindings") is None:
+        return ("TVM compiles CUDA kernels with NVRTC through the cuda-bindings package, not installed: "
+                "pip install 'qaopt[tvm-cuda]'")
+    from tvm.support.nvcc import find_cuda_path
+
+    try:
+        find_cuda_path()
+    except RuntimeError:
+        return ("TVM's NVRTC compiles against the CUDA toolkit's headers, not found: set CUDA_PATH to a CUDA "
+                "toolkit (or put its nvcc on PATH)")
+    return None
 
 
 class TvmBackend:
     """TVM Relax: untuned (default schedules) when ``target.tuning.trials`` is 0, else survey-tuned.
+
+    On a CPU (here or over RPC) it compiles with LLVM for the host's vector units; on a CUDA target with NVRTC for
+    the GPU, the untuned schedules being TVM's generic GPU rules (dlight) and the VM replaying the kernels as one
+    CUDA graph.
 
     Tuning uses one MetaSchedule database per target under ``cache_dir``, shared by
     all candidates and runs (see :mod:`.tuning`), and never returns a tuned build
@@ -78,12 +138,9 @@ class TvmBackend:
 
     def unavailable_reason(self, target: Target) -> str | None:
         missing = missing_engine("tvm", "tvm")
-        if missing:
+        if missing or target.device != "cuda":
             return missing
-        if target.device == "cuda":
-            return ("qaopt builds TVM for CPUs (here or over RPC); on a GPU use 'torch-compile' (CUDA graphs) or "
-                    "'torch-compile[max-autotune]'")
-        return None
+        return cuda_unavailable_reason()
 
     def compile(self, model: Model, example_inputs: Sequence[Any], target: Target) -> Any:
         start = time.perf_counter()

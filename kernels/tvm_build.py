@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BuildError, UnsupportedOperatorError
-from .model import Model, describe, is_onnx, module_of, param_bytes_of, torch_inputs, unsupported
+from .model import Model, describe, is_onnx, model_dtype, module_of, param_bytes_of, torch_inputs, unsupported
 from .onnx import onnx_param_bytes
 from .target import Target
 from .tvm_int8 import integer_convolutions, keep_packed_weights
@@ -40,16 +40,35 @@ def host_cpu() -> str:
 
 
 def tvm_target(target: Target) -> Any:
-    """The TVM target of a :class:`Target`: LLVM for the host CPU unless mcpu/mtriple name another."""
-    import os
-
+    """The TVM target of a :class:`Target`: LLVM for the host CPU unless mcpu/mtriple name another; for a CUDA
+    target, the GPU this process sees (:func:`cuda_target`), its host code for this CPU."""
     import tvm
 
     spec: dict[str, Any] = {"kind": "llvm", "mcpu": target.mcpu or host_cpu(),
                             "num-cores": target.threads or os.cpu_count() or 1}
     if target.mtriple:
         spec["mtriple"] = target.mtriple
+    if target.device == "cuda":
+        return tvm.target.Target(cuda_target(), host={"kind": "llvm", "mcpu": host_cpu()})
     return tvm.target.Target(spec)
+
+
+@cache
+def cuda_target() -> dict[str, Any]:
+    """TVM's CUDA target for GPU 0 as torch sees it: its architecture and the limits MetaSchedule tiles for.
+
+    TVM's own target detection for CUDA registers only once its CUDA runtime has loaded, so the properties come from
+    torch, which qaopt's CUDA targets need anyway. NVRTC compiles for ``arch``; ``max_shared_memory_per_block``,
+    ``max_threads_per_block`` and ``thread_warp_size`` bound the schedules MetaSchedule samples.
+    """
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return {"kind": "cuda", "arch": f"sm_{props.major}{props.minor}",
+            "max_shared_memory_per_block": int(getattr(props, "shared_memory_per_block", 48 * 1024)),
+            "max_threads_per_block": 1024, "thread_warp_size": int(getattr(props, "warp_size", 32)),
+            "registers_per_block": int(getattr(props, "regs_per_multiprocessor", 65536)),
+            "l2_cache_size_bytes": int(getattr(props, "L2_cache_size", 0))}
 
 
 # --------------------------------------------------------------------------- import and build
@@ -63,6 +82,8 @@ class Prepared:
     target: Any  # tvm.target.Target
     name: str
     param_bytes: int
+    input_dtypes: tuple[str, ...]
+    """The dtypes of the model's inputs as imported (``float16`` for an fp16 NN), which the inputs are cast to."""
     integer_convolutions: int = 0
     """Quantized convolutions running as integer kernels (:mod:`.tvm_int8`); the rest of an int8 graph runs in float."""
 
@@ -73,20 +94,38 @@ def prepare(model: Model, example_inputs: Sequence[Any], target: Target, backend
     from tvm import relax
     from tvm.relax import transform as T
 
-    mod = _import(model, example_inputs, backend)
+    half = not is_onnx(model) and not isinstance(model, (str, Path)) and model_dtype(model) == "float16"
+    mod = _import(_float32(model) if half else model, example_inputs, backend)
     mod, integer = integer_convolutions(mod) if is_onnx(model) else (mod, 0)
     ttarget = tvm_target(target)
     try:
         with ttarget:
             mod = tvm.transform.Sequential([
-                T.DecomposeOpsForInference(), T.CanonicalizeBindings(), relax.get_pipeline("zero"),
+                T.DecomposeOpsForInference(), T.CanonicalizeBindings(),
+                *([T.ConvertToDataflow(), T.ToMixedPrecision(out_dtype="float32")] if half else []),
+                relax.get_pipeline("zero"),
                 T.AttachAttrLayoutFreeBuffers(),
             ])(mod)
             if integer:
                 mod = keep_packed_weights(mod)
     except Exception as exc:
         raise BuildError(f"{describe(model)}: backend '{backend}' could not lower the model: {type(exc).__name__}: {exc}") from exc
-    return Prepared(mod, ttarget, describe(model), _param_bytes(model), integer)
+    inputs = tuple(str(p.ty.dtype) for p in mod["main"].params)
+    return Prepared(mod, ttarget, describe(model), _param_bytes(model), inputs, integer)
+
+
+def _float32(model: Model) -> Any:
+    """An fp16 module's fp32 copy, for import: TVM's torch importer gives every convolution a float32 output, which
+    an fp16 bias then cannot be added to. Import in fp32 (every fp16 weight is exact in fp32) and let TVM's
+    mixed-precision pass cast it back: convolutions and matrix products in fp16 with fp32 accumulation, as cuDNN
+    runs them, the model's weights the candidate's own fp16 values."""
+    import copy
+
+    import torch
+
+    if isinstance(model, torch.export.ExportedProgram):
+        raise unsupported("tvm", model, "an fp16 ExportedProgram: pass the fp16 torch module instead")
+    return copy.deepcopy(model).float()
 
 
 def _import(model: Model, example_inputs: Sequence[Any], backend: str) -> Any:
@@ -147,9 +186,17 @@ def build(prepared: Prepared, database: Any = None) -> Any:
                 mod = tvm.transform.Sequential([
                     T.MetaScheduleApplyDatabase(), T.SplitLayoutRewritePreproc(), T.LiftTransformParams(), T.FoldConstant(),
                 ])(mod)
-        return tvm.compile(mod, prepared.target)
+        # On a GPU the VM replays the model's kernels as one CUDA graph: at batch 1 the launches, not the arithmetic,
+        # set the time (docs/latency.md, "TVM on a GPU").
+        with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": is_cuda(prepared.target)}):
+            return tvm.compile(mod, prepared.target)
     except Exception as exc:
         raise BuildError(f"{prepared.name}: backend 'tvm' failed to build: {type(exc).__name__}: {exc}") from exc
+
+
+def is_cuda(ttarget: Any) -> bool:
+    """Whether a TVM target compiles for an NVIDIA GPU."""
+    return str(ttarget.kind.name) == "cuda"
 
 
 def configure_threads(threads: int | None) -> None:

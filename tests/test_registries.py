@@ -183,7 +183,7 @@ def test_a_registered_certifier_judges_the_region():
 OLD_TABLE = {
     "fp32": ("torch", "torch-compile", "onnxruntime", "openvino", "tvm"),
     "bf16": ("torch", "torch-compile", "openvino"),
-    "fp16": ("torch", "torch-compile"),
+    "fp16": ("torch", "torch-compile", "tvm"),  # TVM's on a GPU only (tests/test_tvm_cuda.py)
     "int8": ("onnxruntime", "openvino", "tvm"),
 }
 """Which built-in backends ran each dtype when approx listed them by name: the declarations must give the same."""

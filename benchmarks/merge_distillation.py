@@ -45,15 +45,18 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
 
 def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     from qaopt import kernels
-    from qaopt.approx import KnobSpace, TargetNN, build
+    from qaopt.approx import KnobSpace, build
     from qaopt.approx.merge import MergeGroup, build_merged
     from qaopt.closed_loop import VALIDATION_SEED_BASE
     from qaopt.executor import ShippedNN
+    from qaopt.on_policy import target_nns
     from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of
 
     cache = args.cache_dir or cache_dir_of(spec)
     merge = spec.search.merge[0]
-    nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in merge.nns}
+    # The members as qaopt optimize builds them: with on-policy error data (LaneKeep) their data, and so the merged
+    # NN's cache key and distillation seed, are the recordings', not the dataset's.
+    nns = target_nns(spec, Path(cache), merge.nns)
     group = MergeGroup(tuple(nns[n] for n in merge.nns), steps)
     lead = group.lead().name
     base = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")

@@ -27,6 +27,11 @@
 #   wait-default  wait for the background default runs to end
 #   collect  copy the background runs' logs and records into this call's $OUT
 #   latency-compact, latency-resnet18  benchmarks/gpu.py latency on that default run's chosen NNs, on its GPU
+#   tvm-part    keep the TVM archive's parts and wheels carried in .tvm-parts/ (made here by
+#               `bash benchmarks/tvm_parts.sh`; the wheel is larger than one call may carry, so a part a call)
+#   tvm-install join the parts, unpack TVM with its wheels into $TVM_SITE; every later step of any call imports it
+#   reference-tvm  benchmarks/gpu.py reference on the compact GPU spec with --tvm-trials $QAOPT_TVM_TRIALS (default
+#               128), in the background (poll, collect: reference-tvm.json, .log)
 #
 # Records land in $OUT (install.json, quick.json, latency.json and the logs). Each step resumes what an
 # earlier call on the same warm machine left (the install, the run's caches).
@@ -41,7 +46,10 @@ RUN=examples/runs/cropfollow-gpu
 BG=/tmp/qaopt-gpu-bg
 # A default run, or the latency step that follows it. The brackets keep pgrep from matching a command line that only
 # names the pattern (the device call's own shell, a poll loop's).
-RUNNING="[q]aopt optimize|[g]pu.py (default|latency)"
+RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)"
+TVM_SITE=/tmp/tvm-site
+# TVM, where tvm-install put it (the machine's Python has no TVM; it comes as carried parts).
+[ -d "$TVM_SITE/tvm" ] && export PYTHONPATH=$TVM_SITE${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT" "$BG"
 
 # A default run's spec, run folder, GPU and cores: $1 is compact or resnet18.
@@ -139,7 +147,21 @@ for step in "$@"; do
       name=${step#latency-}; placement "$name"
       CUDA_VISIBLE_DEVICES=$GPU taskset -c "$CORES" "$PY" benchmarks/gpu.py latency "$DIR" --out "$OUT/latency-$name.json"
       ;;
+    tvm-part)
+      mkdir -p /tmp/tvm-parts && cp .tvm-parts/*/* /tmp/tvm-parts/ && ls /tmp/tvm-parts
+      ;;
+    tvm-install)
+      cat /tmp/tvm-parts/tvm.tar.xz.part* > /tmp/tvm.tar.xz && mkdir -p "$TVM_SITE" && tar -C "$TVM_SITE" -xJf /tmp/tvm.tar.xz \
+        && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$TVM_SITE" /tmp/tvm-parts/*.whl || exit 1
+      PYTHONPATH=$TVM_SITE "$PY" -c "import torch, tvm; from qaopt.kernels.tvm_backend import cuda_unavailable_reason
+print('tvm', tvm.__version__, 'CUDA:', cuda_unavailable_reason() or 'runs')"
+      ;;
+    reference-tvm)
+      setsid nohup "$PY" benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --tvm-trials "${QAOPT_TVM_TRIALS:-128}" \
+        --out "$BG/reference-tvm.json" > "$BG/reference-tvm.log" 2>&1 < /dev/null &
+      ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
-            "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18)"; exit 2 ;;
+            "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18, tvm-part, tvm-install,"\
+            "reference-tvm)"; exit 2 ;;
   esac
 done

@@ -28,7 +28,9 @@
 #   collect  copy the background runs' logs and records into this call's $OUT
 #   latency-compact, latency-resnet18  benchmarks/gpu.py latency on that default run's chosen NNs, on its GPU
 #   tvm-part    keep the TVM archive's parts and wheels carried in .tvm-parts/ (made here by
-#               `bash benchmarks/tvm_parts.sh`; the wheel is larger than one call may carry, so a part a call)
+#               `bash benchmarks/tvm_parts.sh`; the wheel is larger than one call may carry, so a part a call, and
+#               .whl in a third: call 1 carries .tvm-parts/1 (tvm-part), call 2 .tvm-parts/2 (tvm-part tvm-install),
+#               call 3 .whl (install reference-tvm poll), each within 30 s of the last)
 #   tvm-install join the parts, unpack TVM with its wheels into $TVM_SITE; every later step of any call imports it
 #   reference-tvm  benchmarks/gpu.py reference on the compact GPU spec with --tvm-trials $QAOPT_TVM_TRIALS (default
 #               128), in the background (poll, collect: reference-tvm.json, .log)
@@ -153,8 +155,7 @@ for step in "$@"; do
     tvm-install)
       cat /tmp/tvm-parts/tvm.tar.xz.part* > /tmp/tvm.tar.xz && mkdir -p "$TVM_SITE" && tar -C "$TVM_SITE" -xJf /tmp/tvm.tar.xz \
         && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$TVM_SITE" /tmp/tvm-parts/*.whl || exit 1
-      PYTHONPATH=$TVM_SITE "$PY" -c "import torch, tvm; from qaopt.kernels.tvm_backend import cuda_unavailable_reason
-print('tvm', tvm.__version__, 'CUDA:', cuda_unavailable_reason() or 'runs')"
+      PYTHONPATH=$TVM_SITE "$PY" -c "import torch, tvm; print('tvm', tvm.__version__, 'CUDA runtime', tvm.runtime.enabled('cuda'))"
       ;;
     reference-tvm)
       setsid nohup "$PY" benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --tvm-trials "${QAOPT_TVM_TRIALS:-128}" \

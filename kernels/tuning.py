@@ -433,7 +433,7 @@ class SurveyTuner:
         need. On a GPU every sampled schedule is also lowered and checked against the GPU's limits
         (``VerifyGPUCode``), and the tuning process's one busy thread, not the builders or the GPU, set the pace:
         90 % of a core through the 25 minutes of a compact NN's first 262 trials on the GPU host, its 16 builder
-        processes near 10 % each (docs/latency.md, "TVM on a GPU"). The host's cores are idle while the search
+        processes near 10 % each (docs/BENCHMARKS.md, "TVM's CUDA target"). The host's cores are idle while the search
         runs, so on a GPU it gets the builders' share."""
         return self.builder_workers if is_cuda(cold[0].target) else 1
 

@@ -1,8 +1,8 @@
 """TVM's CUDA target: it builds CUDA kernels anywhere (CI has no GPU), and on a GPU it runs, is timed, tunes with
 MetaSchedule and exports a library that reloads with the same outputs.
 
-The GPU tests are skipped where TVM cannot run CUDA kernels (:func:`cuda_unavailable_reason`); they ran on the
-GPU machine (docs/BENCHMARKS.md, "TVM on a GPU").
+The GPU tests are skipped where TVM cannot run CUDA kernels (:func:`cuda_unavailable_reason`); they run on the
+GPU machine (docs/BENCHMARKS.md, "TVM's CUDA target").
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ Four steps, the first three run on the GPU machine:
     python benchmarks/gpu.py quick examples/runs/cropfollow-gpu --seconds 512 --out $OUT/quick.json
     python benchmarks/gpu.py default examples/runs/cropfollow-resnet18-gpu --seconds 1500 --out $OUT/resnet18.json
     python benchmarks/gpu.py latency examples/runs/cropfollow-gpu --out $OUT/latency.json [--max-autotune] [--tvm-trials N]
-    python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json [--tvm-trials N]
+    python benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --out $OUT/reference.json [--tvm-trials N [--tvm-seconds S]]
     python benchmarks/gpu.py assemble --install install.json --quick quick.json --latency latency.json \
         --compact compact.json --resnet18 resnet18.json --resnet18-latency latency-resnet18.json \
         [--resnet18-best-backends resnet18.json --resnet18-best-backends-latency latency-resnet18.json]
@@ -354,11 +354,12 @@ def latency(run_dir: Path, out: Path, max_autotune: bool, tvm_trials: int = 0) -
     return record
 
 
-def reference(spec_path: Path, out: Path, tvm_trials: int = 0) -> dict:
+def reference(spec_path: Path, out: Path, tvm_trials: int = 0, tvm_seconds: float | None = None) -> dict:
     """The spec's reference NNs: qaopt's measurement on its target against the best independent mode.
 
-    With ``tvm_trials``, qaopt's path also measures its ``tvm`` backend, survey-tuned with that many trials per NN
-    (``target.tuning.trials``), and the independent modes gain TVM built by its own API (:data:`TVM_MODES`).
+    With ``tvm_trials``, qaopt's path also measures its ``tvm`` backend, survey-tuned with at most that many trials
+    and ``tvm_seconds`` of tuning per NN (``target.tuning``), and the independent modes gain TVM built by its own
+    API (:data:`TVM_MODES`, tuned with ``tvm_trials`` trials).
     """
     import dataclasses
     import tempfile
@@ -374,7 +375,7 @@ def reference(spec_path: Path, out: Path, tvm_trials: int = 0) -> dict:
     target = kernels.Target.from_spec(spec.target)
     backends = None
     if tvm_trials:
-        target = dataclasses.replace(target, tuning=kernels.TuningBudget(trials=tvm_trials))
+        target = dataclasses.replace(target, tuning=kernels.TuningBudget(trials=tvm_trials, seconds=tvm_seconds))
         backends = [*kernels.auto.DEVICE_BACKENDS[target.device], "tvm"]
     modes = (*MODES, *TVM_MODES) if tvm_trials else MODES
     rows = {}
@@ -492,10 +493,12 @@ def main() -> None:
     p.add_argument("--max-autotune", action="store_true", help="also Inductor's max-autotune (minutes per NN)")
     p.add_argument("--tvm-trials", type=int, default=0, help="also TVM by its own API, tuned with this many trials")
     r = sub.add_parser("reference", help="the spec's reference NNs: qaopt's measurement against the modes")
-    r.set_defaults(step=lambda args: reference(args.spec, args.out, args.tvm_trials))
+    r.set_defaults(step=lambda args: reference(args.spec, args.out, args.tvm_trials, args.tvm_seconds))
     r.add_argument("spec", type=Path)
     r.add_argument("--tvm-trials", type=int, default=0,
                    help="also TVM: qaopt's backend tuned with this many trials per NN, and TVM by its own API")
+    r.add_argument("--tvm-seconds", type=float, default=None,
+                   help="cap on qaopt's TVM tuning per NN, in seconds (a survey round in progress finishes)")
     r.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("assemble", help="write docs/benchmarks/gpu.json")
     a.set_defaults(step=lambda args: assemble(

@@ -33,7 +33,8 @@
 #               call 3 .whl (install reference-tvm poll), each within 30 s of the last)
 #   tvm-install join the parts, unpack TVM with its wheels into $TVM_SITE; every later step of any call imports it
 #   reference-tvm  benchmarks/gpu.py reference on the compact GPU spec with --tvm-trials $QAOPT_TVM_TRIALS (default
-#               128), in the background (poll, collect: reference-tvm.json, .log)
+#               128) and --tvm-seconds $QAOPT_TVM_SECONDS (default 300), in the background (poll, collect:
+#               reference-tvm.json, .log)
 #
 # Records land in $OUT (install.json, quick.json, latency.json and the logs). Each step resumes what an
 # earlier call on the same warm machine left (the install, the run's caches).
@@ -159,7 +160,7 @@ for step in "$@"; do
       ;;
     reference-tvm)
       setsid nohup "$PY" benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --tvm-trials "${QAOPT_TVM_TRIALS:-128}" \
-        --out "$BG/reference-tvm.json" > "$BG/reference-tvm.log" 2>&1 < /dev/null &
+        --tvm-seconds "${QAOPT_TVM_SECONDS:-300}" --out "$BG/reference-tvm.json" > "$BG/reference-tvm.log" 2>&1 < /dev/null &
       ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
             "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18, tvm-part, tvm-install,"\

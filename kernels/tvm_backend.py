@@ -92,7 +92,7 @@ def cuda_unavailable_reason() -> str | None:
 
     TVM's PyPI wheel carries its CUDA runtime as a side library that loads, silently or not at all, when ``tvm`` is
     imported; it needs the CUDA runtime a CUDA torch brings, so torch is imported first. Kernels are compiled by
-    NVRTC through the ``cuda-bindings`` package (no CUDA toolkit needed).
+    NVRTC through the ``cuda-bindings`` package, against the CUDA toolkit's headers (nvcc itself is not run).
     """
     import importlib.util
 

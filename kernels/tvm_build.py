@@ -44,12 +44,12 @@ def tvm_target(target: Target) -> Any:
     target, the GPU this process sees (:func:`cuda_target`), its host code for this CPU."""
     import tvm
 
+    if target.device == "cuda":
+        return tvm.target.Target(cuda_target(), host={"kind": "llvm", "mcpu": host_cpu()})
     spec: dict[str, Any] = {"kind": "llvm", "mcpu": target.mcpu or host_cpu(),
                             "num-cores": target.threads or os.cpu_count() or 1}
     if target.mtriple:
         spec["mtriple"] = target.mtriple
-    if target.device == "cuda":
-        return tvm.target.Target(cuda_target(), host={"kind": "llvm", "mcpu": host_cpu()})
     return tvm.target.Target(spec)
 
 
@@ -83,7 +83,8 @@ class Prepared:
     name: str
     param_bytes: int
     input_dtypes: tuple[str, ...]
-    """The dtypes of the model's inputs as imported (``float16`` for an fp16 NN), which the inputs are cast to."""
+    """The dtypes of the model's inputs as imported, which the inputs are cast to (``float32`` for qaopt's NNs, fp16
+    ones included: they cast inside, see :func:`_float32`)."""
     integer_convolutions: int = 0
     """Quantized convolutions running as integer kernels (:mod:`.tvm_int8`); the rest of an int8 graph runs in float."""
 

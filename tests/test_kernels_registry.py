@@ -45,6 +45,20 @@ def test_registry_names_variants_and_refuses_unknown_ones():
         kernels.register_backend("mine[fast]", lambda **_: None)
 
 
+def test_a_backend_declares_its_dtypes_per_device(scratch_registry):
+    """A runtime whose kernels differ by device (TVM: integer kernels on CPUs, fp16 on GPUs) declares each device's."""
+    kernels.register_backend("split", lambda **_: None, dtypes={"cpu": ("fp32", "int8"), "cuda": ("fp32", "fp16")})
+    assert kernels.backend_devices("split") == ("cpu", "cuda")
+    assert kernels.backend_dtypes("split", "cuda") == ("fp32", "fp16") and kernels.backend_dtypes("split", "rpc") == ()
+    assert kernels.backend_dtypes("split") == ("fp32", "int8", "fp16")  # on any device it serves
+    assert "split" in kernels.backends_running("int8", "cpu") and "split" not in kernels.backends_running("int8", "cuda")
+    assert "split" in kernels.backends_running("fp16") and "split" not in kernels.backends_running("fp16", "rpc")
+    with pytest.raises(kernels.BackendUnavailableError, match="dtypes per device name the devices it serves"):
+        kernels.register_backend("both", lambda **_: None, dtypes={"cpu": ("fp32",)}, devices=("cpu",))
+    with pytest.raises(kernels.BackendUnavailableError, match="no device named 'npu'"):
+        kernels.register_backend("npu", lambda **_: None, dtypes={"npu": ("int8",)})
+
+
 def test_target_from_spec_checks_the_backend_is_registered():
     with pytest.raises(kernels.BackendUnavailableError) as err:
         Target.from_spec({"backend": "tensorrt"})

@@ -20,7 +20,10 @@ ladders' rungs (~100 s per NN) and candidates.
 
 When the run has finished, the figures the issue names go to ``--json`` (default
 ``DIR/real_result.json``): the application-aware configuration's speedup over the reference and
-over the application-agnostic one, and both configurations' closed-loop validations.
+over the application-agnostic one, both configurations' closed-loop validations, the aware one's
+verdict on fresh seeds (``acceptance``, ``acceptance_seeds``), whether its validated NNs are inside
+the region by their own errors (``validated_in_region``) and the agnostic baseline's best-so-far
+curve (``agnostic_converged``).
 
 ``--rungs STATE.tar.gz`` reads a run's saved study instead and prints, per NN, every ladder rung
 and dtype the two searches measured (error, MACs, the NN's latency on the target at the
@@ -134,10 +137,22 @@ def _restore(state: Path, run: Path, cache: Path) -> None:
 
 
 def real_result(result: dict, spec: dict) -> dict:
-    """The issue's figures from a finished run's ``result.json`` data."""
+    """The issue's figures from a finished run's ``result.json`` data.
+
+    Beside the ratio and both sides' validations: the agnostic baseline's best-so-far curve (did it converge),
+    whether the validated aware NNs are inside the region by their own errors (a configuration rebuilt into other
+    bytes than searched by its rebuilt errors), and which seeds accepted it: ``fresh`` when the run validated it
+    again on seeds no search-time check or validation used (``acceptance``), else ``selection``.
+    """
+    from qaopt.closed_loop import ACCEPTANCE_SEED_BASE
+
     aware, speedups = result.get("aware"), result["speedups"]
     chosen = next((v for v in result["validations"] if aware is not None and v["trial"] == aware.get("trial")), None)
     agnostic_validation = result.get("agnostic_validation")
+    acceptance = result.get("acceptance")
+    if acceptance is not None and (aware is None or acceptance["trial"] != aware.get("trial")):
+        acceptance = None
+    rebuilt = next((r for r in result.get("rebuilt", []) if aware is not None and r["trial"] == aware.get("trial")), None)
     params = spec["evaluator"]["simulator"].get("params", {})
     return {
         "aware_over_agnostic": speedups.get("aware_over_agnostic"),
@@ -148,6 +163,14 @@ def real_result(result: dict, spec: dict) -> dict:
         "collision_free_runs": chosen["passes"] if chosen else 0,
         "agnostic_validation": {"runs": agnostic_validation["runs"] if agnostic_validation else 0,
                                 "collision_free_runs": agnostic_validation["passes"] if agnostic_validation else 0},
+        "acceptance": ({"runs": acceptance["runs"], "collision_free_runs": acceptance["passes"],
+                        "verdict": acceptance["verdict"], "seed_base": acceptance.get("seed_base")}
+                       if acceptance else None),
+        "acceptance_seeds": ("fresh" if acceptance and acceptance.get("seed_base") == ACCEPTANCE_SEED_BASE
+                             else "selection"),
+        "validated_in_region": (rebuilt["feasible"] if rebuilt else bool(aware and aware.get("in_region"))),
+        "rebuilt": bool(rebuilt),
+        "agnostic_converged": result.get("agnostic_converged"),
         "backbone": sorted({nn["args"].get("backbone") for nn in spec["nns"].values()}),
         "target": {k: spec.get("target", {}).get(k) for k in ("device", "backend", "threads")},
         "estimator": params.get("estimator", "none"),

@@ -1,0 +1,45 @@
+"""benchmarks/real_result.py's figures: which seeds accepted the aware configuration, and whether its validated NNs
+are inside the region by their own errors (a rebuilt configuration by its rebuilt ones)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from qaopt.closed_loop import ACCEPTANCE_SEED_BASE, VALIDATION_SEED_BASE
+
+_path = Path(__file__).resolve().parents[1] / "benchmarks" / "real_result.py"
+_spec = importlib.util.spec_from_file_location("real_result", _path)
+real_result = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(real_result)
+
+SPEC = {"nns": {"heading": {"args": {"backbone": "resnet18"}}}, "target": {"device": "cpu", "threads": 2},
+        "evaluator": {"simulator": {"params": {"estimator": "ekf"}}}}
+
+
+def _validation(trial, seed_base, passes=50):
+    return {"trial": trial, "runs": 50, "passes": passes, "verdict": "valid" if passes == 50 else "invalid",
+            "seed_base": seed_base}
+
+
+def _result(**extra):
+    return {"aware": {"trial": 7, "in_region": True}, "speedups": {"aware_over_agnostic": 3.0},
+            "validations": [_validation(7, VALIDATION_SEED_BASE)],
+            "agnostic_converged": {"trials": 40, "units": ["heading"], "best_ms_by_trial": [2.0, 1.5]}, **extra}
+
+
+def test_fresh_seeds_accept_only_the_chosen_configuration():
+    fresh = real_result.real_result(_result(acceptance=_validation(7, ACCEPTANCE_SEED_BASE)), SPEC)
+    assert fresh["acceptance_seeds"] == "fresh" and fresh["acceptance"]["collision_free_runs"] == 50
+    assert fresh["agnostic_converged"]["best_ms_by_trial"] == [2.0, 1.5]
+    other = real_result.real_result(_result(acceptance=_validation(3, ACCEPTANCE_SEED_BASE)), SPEC)
+    assert other["acceptance_seeds"] == "selection" and other["acceptance"] is None
+    assert real_result.real_result(_result(), SPEC)["acceptance_seeds"] == "selection"
+
+
+def test_a_rebuilt_configuration_is_in_the_region_only_by_its_rebuilt_errors():
+    assert real_result.real_result(_result(), SPEC)["validated_in_region"] is True
+    left = real_result.real_result(_result(rebuilt=[{"trial": 7, "feasible": False}]), SPEC)
+    assert left["validated_in_region"] is False and left["rebuilt"] is True
+    kept = real_result.real_result(_result(rebuilt=[{"trial": 2, "feasible": False}]), SPEC)
+    assert kept["validated_in_region"] is True and kept["rebuilt"] is False

@@ -597,6 +597,9 @@ class TargetSpec(Section):
     backend: str = Field("auto", pattern=BACKEND_REF_PATTERN, description=(
         "a registered backend (torch, torch-compile, tvm, onnxruntime, auto, or one added with "
         "qaopt.kernels.register_backend), with an optional variant in brackets, e.g. torch[channels_last]"))
+    backends: list[Annotated[str, Field(pattern=BACKEND_REF_PATTERN)]] | None = Field(None, min_length=1, description=(
+        "with backend auto: the backends it measures and chooses among (default: each device's own list, "
+        "docs/latency.md), e.g. [torch[cuda_graph], torch-compile, tvm] to race TVM on a GPU"))
     search_backend: str | None = Field(None, pattern=BACKEND_REF_PATTERN, description=(
         "the backend the search times its trials on, when building every candidate on 'backend' costs too much "
         "(auto compiles each with Inductor too, 20-30 s apiece on a GPU): the reference and the configurations "
@@ -608,6 +611,15 @@ class TargetSpec(Section):
     cc: str | None = Field(None, description="cross compiler that links TVM's library, e.g. aarch64-linux-gnu-g++")
     tuning: TuningSpec = Field(default_factory=TuningSpec)
     rpc: RPCSpec | None = None
+
+    @model_validator(mode="after")
+    def _backends_for_auto(self) -> TargetSpec:
+        if self.backends is not None and self.backend != "auto":
+            raise ValueError(f"'backends' lists what backend 'auto' measures, but backend is {self.backend!r}; "
+                             "set backend: auto or drop backends")
+        if self.backends is not None and "auto" in self.backends:
+            raise ValueError("'backends' lists the backends auto measures; 'auto' is not one of them")
+        return self
 
     @model_validator(mode="after")
     def _rpc_when_remote(self) -> TargetSpec:

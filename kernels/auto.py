@@ -36,13 +36,15 @@ from .target import Target
 CPU_BACKENDS = (BackendRef("openvino"), BackendRef("onnxruntime"), BackendRef("torch"),
                 BackendRef("torch", "channels_last"), BackendRef("tvm"))
 """Default for CPU targets, the usually fastest first (so :data:`HOPELESS` can spare the others). Inductor is left
-out: it took 25 s to compile a compact NavNet and ran it no faster than eager on this CPU (19.7 ms both); name it
-in ``backends`` to include it."""
+out: it took 25 s to compile a compact NavNet and ran it no faster than eager on this CPU (19.7 ms both); list it
+in the spec's ``target.backends`` to include it."""
 CUDA_BACKENDS = (BackendRef("torch"), BackendRef("torch", "cuda_graph"), BackendRef("torch-compile"),
                  BackendRef("onnxruntime"))
 """Default for CUDA targets: eager (cuDNN), eager replayed as one CUDA graph, Inductor replaying CUDA graphs (the
 plain name's mode on a GPU), and ONNX Runtime where its CUDA provider is installed (``onnxruntime-gpu``; recorded
-as unavailable otherwise). At batch 1 the replays win: the launches, not the arithmetic, set the time."""
+as unavailable otherwise). At batch 1 the replays win: the launches, not the arithmetic, set the time. TVM is left
+out: untuned and after 262 tuning trials it ran a compact NavNet slower than torch's CUDA graph (docs/BENCHMARKS.md,
+"TVM's CUDA target"); list it in the spec's ``target.backends`` to race it."""
 RPC_BACKENDS = (BackendRef("tvm"),)
 DEVICE_BACKENDS: dict[str, tuple[BackendRef, ...]] = {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}
 """What ``auto`` measures on each device unless it is given its own list."""
@@ -116,7 +118,8 @@ class AutoCompiled:
 
 
 class AutoBackend:
-    """Compiles and measures on each backend in ``backends`` (default: all usable for the device), keeps the fastest.
+    """Compiles and measures on each backend in ``backends`` (default: the target's ``backends``, the spec's
+    ``target.backends``, else the device's own list), keeps the fastest.
 
     With ``cache_dir`` the outcomes are stored under the candidate's content hash,
     so a resumed run measures nothing twice (it recompiles only the winner).
@@ -139,7 +142,7 @@ class AutoBackend:
         return None
 
     def _refs(self, target: Target) -> tuple[BackendRef, ...]:
-        refs = self.backends or DEVICE_BACKENDS[target.device]
+        refs = self.backends or target.backends or DEVICE_BACKENDS[target.device]
         if self.runnable_on is None:
             return refs
         kept = tuple(r for r in refs if r.name in self.runnable_on)

@@ -30,8 +30,10 @@ class Unrunnable:
 
 def target_backends(target: Target) -> tuple[BackendRef, ...]:
     """The backends a candidate for ``target`` may run on: the one ``target.backend`` names, else those ``auto``
-    measures on the device."""
-    return DEVICE_BACKENDS[target.device] if target.backend == "auto" else (target.backend,)
+    measures (``target.backends``, or the device's own list)."""
+    if target.backend != "auto":
+        return (target.backend,)
+    return target.backends or DEVICE_BACKENDS[target.device]
 
 
 def unrunnable_dtypes(target: Target, dtypes: Iterable[str], cpu: CpuInfo | None = None,

@@ -132,6 +132,8 @@ class Target:
     device: Device = "cpu"
     backend: BackendRef = BackendRef("auto")
     threads: int | None = None
+    backends: tuple[BackendRef, ...] | None = None
+    """With backend ``auto``: the backends it measures (``None``: the device's own list, :mod:`.auto`)."""
     tuning: TuningBudget = field(default_factory=TuningBudget)
     rpc: RPCConfig | None = None
     mcpu: str | None = None
@@ -140,6 +142,8 @@ class Target:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend", BackendRef.parse(self.backend))
+        if self.backends is not None:
+            object.__setattr__(self, "backends", tuple(BackendRef.parse(b) for b in self.backends))
         if self.device not in ("cpu", "cuda", "rpc"):
             raise KernelsError(f"target.device: '{self.device}' is not one of cpu, cuda, rpc")
         if self.device == "rpc" and self.rpc is None:
@@ -165,6 +169,7 @@ class Target:
             device=spec_target.device,
             backend=resolve(spec_target.backend),
             threads=spec_target.threads,
+            backends=tuple(resolve(b) for b in spec_target.backends) if spec_target.backends else None,
             tuning=TuningBudget(tuning.trials, tuning.seconds, str(tuning.database) if tuning.database else None),
             rpc=RPCConfig.model_validate(rpc.model_dump()) if rpc is not None else None,
             mcpu=spec_target.mcpu,
@@ -205,4 +210,6 @@ class Target:
         """Plain data (the backend as spelled in a spec), for cache keys and JSON."""
         return {"device": self.device, "backend": str(self.backend), "threads": self.threads,
                 "tuning": asdict(self.tuning), "rpc": self.rpc.model_dump() if self.rpc else None,
-                "mcpu": self.mcpu, "mtriple": self.mtriple, "cc": self.cc}
+                "mcpu": self.mcpu, "mtriple": self.mtriple, "cc": self.cc,
+                # only when given, so that the keys of every target without the list stay what they were
+                **({"backends": [str(b) for b in self.backends]} if self.backends else {})}

@@ -78,12 +78,14 @@ def import_plugins(spec: AppSpec) -> list[Problem]:
 
 
 def _backend_problems(spec: AppSpec) -> list[Problem]:
-    """``target.backend`` and ``target.search_backend`` that no registry holds, or that do not run on the device."""
+    """``target.backend``, ``target.search_backend`` and ``target.backends`` that no registry holds, or that do not
+    run on the device."""
     from qaopt.kernels.registry import backend_devices, resolve  # light: no torch
 
+    named = [(("target", field), getattr(spec.target, field)) for field in ("backend", "search_backend")]
+    named += [(("target", "backends", i), name) for i, name in enumerate(spec.target.backends or ())]
     errors = []
-    for field in ("backend", "search_backend"):
-        name = getattr(spec.target, field)
+    for loc, name in named:
         if name is None:
             continue
         try:
@@ -92,13 +94,14 @@ def _backend_problems(spec: AppSpec) -> list[Problem]:
             message = str(exc).removeprefix("target.backend: ")
             if "no backend named" in message:
                 message += "; or name a module that registers it in the spec's plugins: [module]"
-            errors.append({"loc": ("target", field), "msg": message})
+            errors.append({"loc": loc, "msg": message})
             continue
         devices = backend_devices(ref)
         if spec.target.device not in devices:
-            errors.append({"loc": ("target", field if field == "search_backend" else "device"), "msg": (
-                f"backend '{ref}' runs on {', '.join(devices)}, not on {spec.target.device}; choose another "
-                f"target.{field} (auto picks one for the device) or device")})
+            fix = ("drop it from target.backends" if loc[1] == "backends" else
+                   f"choose another target.{loc[1]} (auto picks one for the device) or device")
+            errors.append({"loc": loc if loc[1] != "backend" else ("target", "device"), "msg": (
+                f"backend '{ref}' runs on {', '.join(devices)}, not on {spec.target.device}; {fix}")})
     return located(spec, errors)
 
 

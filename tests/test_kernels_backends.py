@@ -240,6 +240,16 @@ def broken_backends():
 SLOW = _Slow()
 
 
+def test_auto_races_the_targets_backends_when_it_names_them(tiny):
+    """``target.backends`` (the spec's list) replaces the device's default list; auto's own list wins over both."""
+    model, x, _ = tiny
+    listed = Target(threads=1, backends=("onnxruntime", "torch"))
+    compiled = kernels.AutoBackend(protocol=QUICK).compile(model, [x], listed)
+    assert [o.backend for o in compiled.outcomes] == ["onnxruntime", "torch"]
+    own = kernels.AutoBackend(["torch"], protocol=QUICK).compile(model, [x], listed)
+    assert [o.backend for o in own.outcomes] == ["torch"]
+
+
 def test_auto_keeps_fastest_and_records_failures(tiny, tmp_path, monkeypatch, broken_backends):
     model, x, ref = tiny
     names = ["crashing", "torch", "failing", "onnxruntime"] + (["tvm"] if HAS_TVM else [])

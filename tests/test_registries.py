@@ -38,7 +38,7 @@ from qaopt.calibrate import (
     unregister_strategy,
 )
 from qaopt.calibrate.region import Observation
-from qaopt.kernels import backend_devices, backends_running, unregister_backend
+from qaopt.kernels import Target, backend_devices, backends_running, unregister_backend
 from qaopt.region_calibration import build_calibration, calibrate_spec
 from qaopt.spec import load_spec
 from qaopt.target_fit import fit_target
@@ -227,3 +227,33 @@ def test_a_device_the_backend_does_not_declare_is_a_located_error(tmp_path):
     path = tmp_path / "app.yaml"
     text = _located(path, "device", lambda d: d["target"].update(backend="openvino", device="cuda"))
     assert "target.device: backend 'openvino' runs on cpu, not on cuda" in text
+
+
+def test_target_backends_lists_what_auto_races_and_is_checked_at_its_line(tmp_path):
+    path = tmp_path / "app.yaml"
+
+    def racing(*names, backend="auto", device="cpu"):
+        return lambda d: d["target"].update(backend=backend, backends=list(names), device=device)
+
+    def item_problem(edit) -> str:
+        """The one problem of the spec ``edit`` makes, which must sit at a line of target.backends' list."""
+        with pytest.raises(SpecError) as err:
+            load_spec(_spec(tmp_path, edit))
+        (problem,) = err.value.problems
+        line = int(re.search(r":(\d+):\d+: ", str(problem))[1])
+        assert path.read_text().splitlines()[line - 1].strip().startswith("- "), problem
+        return str(problem)
+
+    target = Target.from_spec(load_spec(_spec(tmp_path, racing("torch", "onnxruntime"))).target)
+    assert target.backends == ("torch", "onnxruntime") and target.to_dict()["backends"] == ["torch", "onnxruntime"]
+    # A target without the list keeps the cache keys it had.
+    assert "backends" not in Target.from_spec(load_spec(_spec(tmp_path, lambda d: None)).target).to_dict()
+    # What the race cannot run is left out of the search: among torch alone, nothing runs int8.
+    (left_out,) = fit_target(load_spec(_spec(tmp_path, lambda d: (
+        racing("torch")(d), d["approximations"]["all"].update(quantization={"dtypes": ["fp32", "int8"]})))))
+    assert str(left_out).startswith("int8 left out of the search: no backend here runs int8 on cpu (backends: torch)")
+    assert "'backends' lists what backend 'auto' measures, but backend is 'torch'" in _located(
+        path, "target", racing("onnxruntime", backend="torch"))
+    assert "target.backends.1: no backend named 'tensorrt'" in item_problem(racing("torch", "tensorrt"))
+    assert "target.backends.1: backend 'openvino' runs on cpu, not on cuda; drop it from target.backends" in (
+        item_problem(racing("torch", "openvino", device="cuda")))

@@ -21,7 +21,8 @@ Four steps, the first three run on the GPU machine:
     measured; a merged NN once) is timed here in every way one would run it at batch 1, each
     in its own process (a compile can hang): eager, ``torch.compile`` default,
     ``torch.compile(mode="reduce-overhead")``, a CUDA graph captured by hand from eager,
-    and, with ``--max-autotune``, Inductor's autotuning. A frame is one call followed by a
+    with ``--max-autotune`` Inductor's autotuning, and with ``--tvm-trials N`` TVM built by its
+    own API, untuned and tuned by MetaSchedule with N trials (both replaying one CUDA graph). A frame is one call followed by a
     synchronize; a sample is 20 frames timed by CUDA events; the figure is the median of 30
     samples after at least 50 warm-up frames and 2 s of them (a GPU's clocks ramp up over
     hundreds of milliseconds of work: 50 frames of a sub-millisecond NN end before). The record

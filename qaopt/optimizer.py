@@ -75,8 +75,9 @@ def optimize(
                             "calibrated: give one of them")
     spec = check_spec(spec) if isinstance(spec, AppSpec) else load_spec(spec, check_entry_points=True)
     spec = with_time_limit(spec, time_limit)
-    check_nn_shapes(spec)  # every NN built from its entry points now, not after calibration has run for minutes
     console = console or Console(stderr=True, log_path=False)  # where a line was logged means nothing to a user
+    # Every NN built from its entry points now, not after calibration has run for minutes.
+    check_nn_shapes(spec, progress=console.log)
     plan = build_plan(spec, profile, out=out, storage=storage, trials=trials, region=region,
                       calibration_budget=calibration_budget, say=console.log)
     plan.run_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@ spec                                      domain object
 from __future__ import annotations
 
 import inspect
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -114,30 +116,44 @@ def make_evaluator(spec: AppSpec, *, check_runs: bool = False) -> QoSEvaluator:
     return evaluator
 
 
-def check_nn_shapes(spec: AppSpec) -> None:
+SLOW_LOAD_S = 5.0
+"""Seconds of loading the NNs and their data after which :func:`check_nn_shapes` says it is still at it."""
+
+
+def check_nn_shapes(spec: AppSpec, progress: Callable[[str], None] = lambda message: None) -> None:
     """Load each NN and its data and run one sample through it: shapes must agree with ``input_shape`` and ``outputs``.
 
     Cheap (one forward pass per NN), but it calls the NNs' model and data entry points,
-    which may build or load their data the first time. Raises :class:`SpecError`
-    with one located problem per NN at fault.
+    which may build or load their data the first time (CropFollow's ResNet-18 reference trains for
+    about an hour on two CPU cores), so ``progress`` is told when that takes more than
+    :data:`SLOW_LOAD_S` (a quick check stays silent). Raises :class:`SpecError` with one located
+    problem per NN at fault.
     """
     from qaopt.approx import EntryPointFailed, TargetNN  # heavy (torch): only when asked to
 
+    slow = threading.Timer(SLOW_LOAD_S, progress, [
+        f"nns: still loading {', '.join(spec.nns)} with their data to run one sample each (an NN's entry point "
+        "may build or train it the first time)"])
+    slow.daemon = True
+    slow.start()
     problems = []
-    for name, nn in spec.nns.items():
-        try:
-            target = TargetNN.from_spec(name, nn)  # checks the data's shapes against input_shape
-            _check_sample(target, nn.input_shape, len(nn.outputs))
-            problems += _pass_problems(spec, name, target)
-        except (_ShapeError, EntryPointFailed) as exc:
-            message = exc.detail if isinstance(exc, EntryPointFailed) else str(exc)
-            problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": message}])
-        except QaoptError as exc:  # a message that starts with its field (nns.a.weights: ...) is placed there
-            loc = ("nns", name, "input_shape") if "input_shape" in str(exc) else ("nns", name)
-            problems += located(spec, [{"loc": loc, "msg": str(exc)}])
-        except Exception as exc:  # noqa: BLE001 - the user's NN failed on its own data
-            problems += located(spec, [{"loc": ("nns", name), "msg": f"running a sample of its data through the NN "
-                                                                   f"raised {type(exc).__name__}: {exc}"}])
+    try:
+        for name, nn in spec.nns.items():
+            try:
+                target = TargetNN.from_spec(name, nn)  # checks the data's shapes against input_shape
+                _check_sample(target, nn.input_shape, len(nn.outputs))
+                problems += _pass_problems(spec, name, target)
+            except (_ShapeError, EntryPointFailed) as exc:
+                message = exc.detail if isinstance(exc, EntryPointFailed) else str(exc)
+                problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": message}])
+            except QaoptError as exc:  # a message that starts with its field (nns.a.weights: ...) is placed there
+                loc = ("nns", name, "input_shape") if "input_shape" in str(exc) else ("nns", name)
+                problems += located(spec, [{"loc": loc, "msg": str(exc)}])
+            except Exception as exc:  # noqa: BLE001 - the user's NN failed on its own data
+                problems += located(spec, [{"loc": ("nns", name), "msg": f"running a sample of its data through the NN "
+                                                                       f"raised {type(exc).__name__}: {exc}"}])
+    finally:
+        slow.cancel()
     if problems:
         raise SpecError(problems)
 

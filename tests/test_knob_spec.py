@@ -11,6 +11,7 @@ Every case runs on the tiny application (8x8 frames) in seconds.
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,19 @@ def test_the_examples_merge_their_nns_on_one_input_and_search_resolution(name):
     assert [sorted(g.nns) for g in spec.search.merge] == [sorted(spec.nns)]
     assert {nn.input for nn in spec.nns.values()} == {"camera"}
     assert 1.0 in spec.knobs_for(next(iter(spec.nns)))["resolution"]["scales"]
+
+
+def test_validate_says_so_when_loading_the_nns_is_slow_and_keeps_quiet_otherwise(tmp_path, capsys, monkeypatch):
+    """An entry point may train its NN the first time (an hour for a ResNet-18 on two cores): validate says what it is
+    doing once loading outlasts SLOW_LOAD_S, on stdout, so that an error stays the one line on stderr."""
+    from qaopt import spec_adapter
+
+    path = tiny_spec(tmp_path)
+    code, err, out = run_qaopt(capsys, "validate", str(path), "--no-application")
+    assert code == 0 and not err and "still loading" not in out
+    check_sample = spec_adapter._check_sample
+    monkeypatch.setattr(spec_adapter, "_check_sample", lambda *a: (time.sleep(0.3), check_sample(*a)))  # a slow NN
+    monkeypatch.setattr(spec_adapter, "SLOW_LOAD_S", 0.05)
+    code, err, out = run_qaopt(capsys, "validate", str(path), "--no-application")
+    assert code == 0 and not err
+    assert "nns: still loading a, b with their data to run one sample each" in out and "--no-shapes skips this" in out

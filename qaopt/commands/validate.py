@@ -65,7 +65,7 @@ def validate(
     if imports and shapes:
         from qaopt.spec_adapter import check_nn_shapes  # torch: only when asked to
 
-        check_nn_shapes(app_spec)
+        check_nn_shapes(app_spec, progress=lambda message: typer.echo(f"{message}; --no-shapes skips this"))
         checked += "; each NN runs a sample of its data"
     typer.echo(
         f"{spec}: ok — app {app_spec.app.name!r}, NNs {', '.join(app_spec.nns)}; "

@@ -374,10 +374,9 @@ def reference(spec_path: Path, out: Path, tvm_trials: int = 0, tvm_seconds: floa
 
     spec = load_spec(spec_path)
     target = kernels.Target.from_spec(spec.target)
-    backends = None
     if tvm_trials:
-        target = dataclasses.replace(target, tuning=kernels.TuningBudget(trials=tvm_trials, seconds=tvm_seconds))
-        backends = [*kernels.auto.DEVICE_BACKENDS[target.device], "tvm"]
+        target = dataclasses.replace(target, tuning=kernels.TuningBudget(trials=tvm_trials, seconds=tvm_seconds),
+                                     backends=(*kernels.auto.raced(target), kernels.BackendRef("tvm")))
     modes = (*MODES, *TVM_MODES) if tvm_trials else MODES
     rows = {}
     with tempfile.TemporaryDirectory(prefix="qaopt-gpu-ref-") as tmp:
@@ -386,7 +385,7 @@ def reference(spec_path: Path, out: Path, tvm_trials: int = 0, tvm_seconds: floa
             path = Path(tmp) / f"{name}.pt"
             torch.save(module, path)
             x = np.random.default_rng(0).random(tuple(nn.input_shape), dtype=np.float32)
-            compiled = kernels.AutoBackend(backends=backends, cache_dir=Path(tmp)).compile(module, [x], target)
+            compiled = kernels.AutoBackend(cache_dir=Path(tmp)).compile(module, [x], target)
             measured = {o.backend: (round(o.measurement.median_ms, 4) if o.measurement else o.error)
                         for o in compiled.outcomes}
             tuning = {o.backend: o.tuning for o in compiled.outcomes if o.tuning}

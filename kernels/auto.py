@@ -48,6 +48,13 @@ out: untuned and after 262 tuning trials it ran a compact NavNet slower than tor
 RPC_BACKENDS = (BackendRef("tvm"),)
 DEVICE_BACKENDS: dict[str, tuple[BackendRef, ...]] = {"cpu": CPU_BACKENDS, "cuda": CUDA_BACKENDS, "rpc": RPC_BACKENDS}
 """What ``auto`` measures on each device unless it is given its own list."""
+
+
+def raced(target: Target) -> tuple[BackendRef, ...]:
+    """The backends ``auto`` measures for ``target``: the spec's ``target.backends``, else the device's own list."""
+    return target.backends or DEVICE_BACKENDS[target.device]
+
+
 OUTCOMES_ARTIFACT, OUTCOMES_VERSION = "kernels-outcomes", 1
 HOPELESS = 10.0
 """A backend whose first warm-up round runs slower than this many times the fastest backend's median so far is not
@@ -142,7 +149,7 @@ class AutoBackend:
         return None
 
     def _refs(self, target: Target) -> tuple[BackendRef, ...]:
-        refs = self.backends or target.backends or DEVICE_BACKENDS[target.device]
+        refs = self.backends or raced(target)
         if self.runnable_on is None:
             return refs
         kept = tuple(r for r in refs if r.name in self.runnable_on)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .auto import DEVICE_BACKENDS
+from .auto import raced
 from .registry import BackendRef, backends_running, get_backend
 from .target import CpuInfo, Target, emulated_dtypes
 
@@ -31,9 +31,7 @@ class Unrunnable:
 def target_backends(target: Target) -> tuple[BackendRef, ...]:
     """The backends a candidate for ``target`` may run on: the one ``target.backend`` names, else those ``auto``
     measures (``target.backends``, or the device's own list)."""
-    if target.backend != "auto":
-        return (target.backend,)
-    return target.backends or DEVICE_BACKENDS[target.device]
+    return raced(target) if target.backend == "auto" else (target.backend,)
 
 
 def unrunnable_dtypes(target: Target, dtypes: Iterable[str], cpu: CpuInfo | None = None,

@@ -7,8 +7,10 @@
 #   tests    tests there (pytest-xdist; $QAOPT_GPU_TESTS, default the whole suite), the JUnit report summarized
 #            by benchmarks/gpu.py install
 #   quick    `qaopt optimize examples/cropfollow-gpu.yaml --profile quick`, timed, summarized by gpu.py quick
-#   quick-bg the same, started in the background (its record is written when it ends); `wait` waits for it
-#   latency  benchmarks/gpu.py latency on that run's chosen NNs
+#   quick-bg the same and then `latency`, started in the background (records written when each ends); `wait` waits
+#            for it, `poll` too
+#   latency  benchmarks/gpu.py latency on that run's chosen NNs; with $QAOPT_TVM_TRIALS set (after tvm-install), TVM
+#            too, tuned with that many trials
 #   default-compact, default-resnet18
 #            `qaopt optimize` of examples/cropfollow-gpu.yaml or examples/cropfollow-resnet18-gpu.yaml with the
 #            default profile, started in the background, each on a GPU and a half of the cores of its own where the
@@ -49,7 +51,7 @@ RUN=examples/runs/cropfollow-gpu
 BG=/tmp/qaopt-gpu-bg
 # A default run, or the latency step that follows it. The brackets keep pgrep from matching a command line that only
 # names the pattern (the device call's own shell, a poll loop's).
-RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)"
+RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency"
 TVM_SITE=/tmp/tvm-site
 # TVM, where tvm-install put it (the machine's Python has no TVM; it comes as carried parts).
 [ -d "$TVM_SITE/tvm" ] && export PYTHONPATH=$TVM_SITE${PYTHONPATH:+:$PYTHONPATH}
@@ -93,13 +95,15 @@ for step in "$@"; do
       cp "$RUN/result.json" "$OUT/result.json" 2>/dev/null; cp "$RUN/report.md" "$OUT/report.md" 2>/dev/null
       ;;
     quick-bg)
-      setsid nohup bash "$0" quick > "$OUT/quick-bg.log" 2>&1 < /dev/null &
+      # Its records in $BG/quick (a later call's $OUT is another folder): `collect` brings them back.
+      mkdir -p "$BG/quick"
+      OUT=$BG/quick setsid nohup bash "$0" quick latency > "$BG/quick-bg.log" 2>&1 < /dev/null &
       ;;
     wait)
-      while pgrep -f "[g]pu_device.sh quick" > /dev/null; do sleep 5; done; cat "$OUT/quick-bg.log" | tail -30
+      while pgrep -f "[g]pu_device.sh quick latency" > /dev/null; do sleep 5; done; tail -30 "$BG/quick-bg.log"
       ;;
     latency)
-      "$PY" benchmarks/gpu.py latency "$RUN" --out "$OUT/latency.json"
+      "$PY" benchmarks/gpu.py latency "$RUN" --tvm-trials "${QAOPT_TVM_TRIALS:-0}" --out "$OUT/latency.json"
       ;;
     default-compact|default-resnet18)
       name=${step#default-}; placement "$name"
@@ -118,6 +122,9 @@ for step in "$@"; do
       # Each poll also brings back a snapshot of each run (its logs, and its run folder less the exported NNs: the
       # study, region, closed-loop evidence, result; and the closed-loop runs' blocks of the shared cache, so that a
       # resumed run does not validate again), so that a machine lost mid-run keeps what ran until then.
+      for log in "$BG/quick/quick.log" "$BG/quick-bg.log"; do
+        [ -f "$log" ] && { echo "== $log"; tail -c 1500 "$log" | tr '\r' '\n' | tail -12; }
+      done
       for name in resnet18 compact; do
         [ -f "$BG/$name.log" ] || continue
         echo "== $name"; tail -c 1500 "$BG/$name.log" | tr '\r' '\n' | tail -12

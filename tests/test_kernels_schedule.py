@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -137,6 +140,31 @@ def test_frames_compared_in_a_fresh_process_are_compiled_there_on_their_backends
     with pytest.raises(kernels.KernelsError, match="no_such_backend"):
         kernels.compare_frames_fresh({"x": ({"a": kernels.FrameModel(workloads["a"], "no_such_backend")},
                                             "sequential")}, Target(threads=1), rounds=1)
+
+
+def test_a_model_several_frames_share_is_compiled_once_in_the_fresh_process(workloads, monkeypatch, tmp_path):
+    """The side-by-side stage times a frame and each of its NNs alone: one FrameModel in both is one compile there
+    (and one compiled model timed in both), so the NN's figure is of the model the frame ran."""
+    from qaopt.kernels import schedule
+
+    monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
+    compiled, real = [], schedule.compile
+
+    def counted(model, *args, **kwargs):
+        compiled.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(schedule, "compile", counted)
+    monkeypatch.setattr(schedule, "compare_frames", lambda frames, target, rounds: {
+        name: [id(c) for c in models.values()] for name, (models, _) in frames.items()})
+    a, b = (kernels.FrameModel(workloads[n], "torch") for n in "ab")
+    payload = pickle.dumps(({"ab": ({"a": a, "b": b}, "sequential"), "a": ({"a": a}, "sequential"),
+                             "b": ({"b": b}, "sequential")}, Target(threads=1), 1, None))
+    job, out = tmp_path / "job.pickle", tmp_path / "out.pickle"
+    job.write_bytes(pickle.dumps((list(sys.path), (), payload)))
+    schedule._compare_job(str(job), str(out))
+    ids = pickle.loads(out.read_bytes())
+    assert len(compiled) == 2 and ids["ab"] == ids["a"] + ids["b"]
 
 
 class _Staged:

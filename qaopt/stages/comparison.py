@@ -8,7 +8,7 @@ processes "not comparable". So before the report, the three are compiled again o
 backends their measurements chose and timed in interleaved rounds, in a fresh process
 (:func:`qaopt.kernels.compare_frames_fresh`): the run's own process, after training,
 calibration and closed-loop validation, timed two-model frames up to 1.9x the sum of their
-models. The latencies and speedups in ``result.json`` are these. Nothing is cached: the stage
+models. The latencies and speedups in ``result.json`` are these, each NN's of a sequential frame included. Nothing is cached: the stage
 costs seconds, and a figure read back from an earlier process would defeat it. It first
 waits for the closed-loop runs still in flight on the run's local pool and ends its idle
 workers (:func:`qaopt.executor.quiesce`): validation's last blocks go on after its verdict,
@@ -54,32 +54,61 @@ def on_target_backend(ctx: SearchContext, config: Configuration) -> Configuratio
 def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration | None]
                  ) -> dict[str, Configuration | None]:
     """``configurations`` with their latencies measured again, together, in a fresh process (``None`` stays
-    ``None``).
+    ``None``): each frame's, and each NN's.
 
-    Configurations that run the same NNs under the same schedule are timed once and share the figure.
+    Configurations that run the same NNs under the same schedule are timed once and share the figure. Each NN of
+    a sequential frame of several is also timed alone in the same rounds (the same compiled model), so the NN
+    figures that result.json and the report show are of the frame's epoch: a study times an NN when a trial
+    first samples it, which on a GPU host may be beside the search's closed-loop runs (a GPU frame at batch 1 is
+    launch-bound, so a busy host slows it: a quick run's chosen NN read 0.236 ms at its trial, with the host's
+    reference kernel 51 % slow, and 0.217 ms here). An NN of a parallel frame keeps its search figure: alone
+    with its share of the threads is not how the frame runs it.
     """
+    shared: dict[tuple[str, str], kernels.FrameModel] = {}  # (candidate, backend): one object, compiled once there
+
+    def model_of(candidate, backend: str) -> kernels.FrameModel:
+        return shared.setdefault((candidate.key, backend), kernels.FrameModel(workload_of(candidate), backend))
+
     frames: dict[tuple, tuple[dict[str, kernels.FrameModel], kernels.Schedule]] = {}
+    labels: dict[tuple, str] = {}  # what a figure's untrusted note names: the configuration, or the NN and backend
     keys: dict[str, tuple] = {}
+    alone: dict[tuple, tuple[str, str]] = {}  # a frame of one NN -> (candidate, backend) it times
     for name, config in configurations.items():
         if config is None:
             continue
         key = (config.schedule, tuple(sorted((n, c.candidate, c.backend) for n, c in config.nns.items())))
         keys[name] = key
-        if key not in frames:
-            models = frame_models(ctx.candidates(config))
-            frames[key] = ({n: kernels.FrameModel(workload_of(candidate), config.nns[n].backend)
-                            for n, candidate in models.items()}, config.schedule)
-    measured = kernels.compare_frames_fresh({str(i): frame for i, frame in enumerate(frames.values())},
+        if key in frames:
+            continue
+        models = {n: model_of(candidate, config.nns[n].backend)
+                  for n, candidate in frame_models(ctx.candidates(config)).items()}
+        frames[key], labels[key] = (models, config.schedule), name
+        if len(models) == 1:  # the frame is its NN's figure (a merged NN serves all of them)
+            (n, model), = models.items()
+            alone[key] = (config.nns[n].candidate, model.backend)
+        elif config.schedule == "sequential":
+            for n, model in models.items():
+                nn_key = ("sequential", ((n, config.nns[n].candidate, model.backend),))
+                frames.setdefault(nn_key, ({n: model}, "sequential"))
+                labels.setdefault(nn_key, f"{name}.{n} on {model.backend}")
+                alone[nn_key] = (config.nns[n].candidate, model.backend)
+    measured = kernels.compare_frames_fresh({labels[key]: frame for key, frame in frames.items()},
                                             ctx.plan.target, rounds=ROUNDS, cache_dir=ctx.cache_dir,
                                             imports=ctx.plan.application.plugins)
-    by_key = {key: measured[str(i)] for i, key in enumerate(frames)}
+    by_key = {key: measured[labels[key]] for key in frames}
+    by_nn = {nn: by_key[key] for key, nn in alone.items()}
     out: dict[str, Configuration | None] = {}
     for name, config in configurations.items():
         if config is None:
             out[name] = None
             continue
+        nns = dict(config.nns)
+        if config.schedule == "sequential" or keys[name] in alone:
+            for n, choice in nns.items():
+                m = by_nn[choice.candidate, choice.backend]
+                nns[n] = choice.model_copy(update={"latency_ms": m.median_ms, "latency": latency_of([m])})
         m = by_key[keys[name]]
-        out[name] = config.model_copy(update={"latency_ms": m.median_ms, "latency": latency_of([m])})
+        out[name] = config.model_copy(update={"nns": nns, "latency_ms": m.median_ms, "latency": latency_of([m])})
     return out
 
 

@@ -98,6 +98,7 @@ if mode.startswith("tvm"):
     from tvm.s_tir import meta_schedule as ms
 
     half = dtype == torch.float16
+    dtype = dtype if half else torch.float32  # what TVM runs: fp16 mixed, else fp32 (a bf16 NN too: no bf16 here)
     host = torch.rand(*shape)
     program = torch.export.export(module.float().cpu(), (host,))
     mod = from_exported_program(program, keep_params_as_input=False)
@@ -212,9 +213,21 @@ def install(pip_log: Path, pip_status: int, junit: Path, out: Path) -> dict:
 
 def quick(run_dir: Path, seconds: float, out: Path) -> dict:
     """Whether the quick run finished with its result, report and artifacts, and how many trials failed."""
-    record = _completion(run_dir, seconds)
+    record = {**_machine(), **_completion(run_dir, seconds)}
     _write(out, record)
     return record
+
+
+def _machine() -> dict:
+    """When and where a run's record was written: the date, the GPU and the host's CPU."""
+    import torch
+
+    from qaopt.kernels.target import host_cpu_info
+
+    cpu = host_cpu_info()
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "host_cpu": cpu.model, "host_isa": list(cpu.isa)}
 
 
 def _completion(run_dir: Path, seconds: float) -> dict:
@@ -258,14 +271,7 @@ def _side(config: dict | None) -> dict | None:
 
 def default(run_dir: Path, seconds: float, out: Path) -> dict:
     """A default-profile GPU run: completion (as :func:`quick`), the ratio with its interval, both sides' verdicts."""
-    import torch
-
-    from qaopt.kernels.target import host_cpu_info
-
-    cpu = host_cpu_info()
-    record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-              "host_cpu": cpu.model, "host_isa": list(cpu.isa), **_completion(run_dir, seconds)}
+    record = {**_machine(), **_completion(run_dir, seconds)}
     result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else None
     if result:
         intervals = result["speedups"].get("intervals", {})

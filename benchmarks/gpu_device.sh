@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU target's checks on a GPU machine (docs/BENCHMARKS.md, "GPU target"), one step per argument, in order:
+# The device machine's runs, one step per argument, in order: the GPU target's checks (docs/BENCHMARKS.md, "GPU
+# target") and the real result on its CPU:
 #
 #   install  plain `pip install -e .` (as the README does) into the machine's own Python environment, the one that holds its CUDA torch
 #            ($QAOPT_GPU_PYTHON), from wheels in .whl/ (the machine has no registry access): no --no-deps,
@@ -29,14 +30,23 @@
 #   wait-default  wait for the background default runs to end
 #   collect  copy the background runs' logs and records into this call's $OUT
 #   latency-compact, latency-resnet18  benchmarks/gpu.py latency on that default run's chosen NNs, on its GPU
-#   tvm-part    keep the TVM archive's parts and wheels carried in .tvm-parts/ (made here by
-#               `bash benchmarks/tvm_parts.sh`; the wheel is larger than one call may carry, so a part a call, and
+#   tvm-part    keep the TVM archive's parts and wheels carried in .tvm-parts/ (made here by `bash
+#               benchmarks/device_parts.sh tvm`; the wheel is larger than one call may carry, so a part a call, and
 #               .whl in a third: call 1 carries .tvm-parts/1 (tvm-part), call 2 .tvm-parts/2 (tvm-part tvm-install),
 #               call 3 .whl (install reference-tvm poll), each within 30 s of the last)
 #   tvm-install join the parts, unpack TVM with its wheels into $TVM_SITE; every later step of any call imports it
 #   reference-tvm  benchmarks/gpu.py reference on the compact GPU spec with --tvm-trials $QAOPT_TVM_TRIALS (default
 #               128) and --tvm-seconds $QAOPT_TVM_SECONDS (default 300), in the background (poll, collect:
 #               reference-tvm.json, .log)
+#   ov-install  unpack OpenVINO carried in .ov-parts/ (made here by `bash benchmarks/device_parts.sh openvino`;
+#               23 MB, so one call carries it with .whl) into $OV_SITE; every later step of any call imports it
+#   real     the real result (issue 31; docs/BENCHMARKS.md, "The real result: ResNet-18 CropFollow on a pinned
+#            2-thread CPU target"): benchmarks/real_result.py on examples/cropfollow-resnet18.yaml with the EKF, the default profile, its
+#            CPU target on 2 pinned cores of this host (the pool's workers kept off them), the references trained
+#            on the GPU, and the spec fields in $QAOPT_REAL_SET (default: each side on the faster of OpenVINO and
+#            ONNX Runtime, trials timed on OpenVINO), in the background; it saves its resumable state every 2
+#            minutes to $BG/real/state.tar.gz, which `progress` copies into $OUT (real-state.tar.gz). On a fresh
+#            machine, carry the last one as .device-snapshots/real-state.tar.gz and `real` resumes from it.
 #
 # Records land in $OUT (install.json, quick.json, latency.json and the logs). Each step resumes what an
 # earlier call on the same warm machine left (the install, the run's caches).
@@ -51,10 +61,13 @@ RUN=examples/runs/cropfollow-gpu
 BG=/tmp/qaopt-gpu-bg
 # A default run, or the latency step that follows it. The brackets keep pgrep from matching a command line that only
 # names the pattern (the device call's own shell, a poll loop's).
-RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency"
-TVM_SITE=/tmp/tvm-site
-# TVM, where tvm-install put it (the machine's Python has no TVM; it comes as carried parts).
+RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency|[r]eal_result.py"
+TVM_SITE=/tmp/tvm-site OV_SITE=/tmp/ov-site
+# TVM and OpenVINO, where tvm-install and ov-install put them (the machine's Python has neither: they come carried).
 [ -d "$TVM_SITE/tvm" ] && export PYTHONPATH=$TVM_SITE${PYTHONPATH:+:$PYTHONPATH}
+[ -d "$OV_SITE/openvino" ] && export PYTHONPATH=$OV_SITE${PYTHONPATH:+:$PYTHONPATH}
+# The real result's spec fields: each side on the faster of OpenVINO and ONNX Runtime, trials timed on OpenVINO.
+REAL_SET=${QAOPT_REAL_SET:-"target.backend=auto target.backends=[openvino,onnxruntime] target.search_backend=openvino"}
 mkdir -p "$OUT" "$BG"
 
 # A default run's spec, run folder, GPU and cores: $1 is compact or resnet18.
@@ -125,6 +138,10 @@ for step in "$@"; do
       for log in "$BG/quick/quick.log" "$BG/quick-bg.log"; do
         [ -f "$log" ] && { echo "== $log"; tail -c 1500 "$log" | tr '\r' '\n' | tail -12; }
       done
+      if [ -f "$BG/real.log" ]; then
+        echo "== real"; tail -c 1500 "$BG/real.log" | tr '\r' '\n' | tail -12
+        [ -f "$BG/real/state.tar.gz" ] && cp "$BG/real/state.tar.gz" "$OUT/real-state.tar.gz"
+      fi
       for name in resnet18 compact; do
         [ -f "$BG/$name.log" ] || continue
         echo "== $name"; tail -c 1500 "$BG/$name.log" | tr '\r' '\n' | tail -12
@@ -141,7 +158,13 @@ for step in "$@"; do
       done
       ;;
     collect)
-      cp -r "$BG"/. "$OUT"/
+      # The real result's run folder and cache stay (candidates of 45 MB): its figures, log, report and state come.
+      (cd "$BG" && tar cf - --exclude=./real . | tar xf - -C "$OUT")
+      if [ -d "$BG/real" ]; then
+        mkdir -p "$OUT/real"
+        cp "$BG/real/real_result.json" "$BG/real/run/result.json" "$BG/real/run/report.md" "$OUT/real/" 2>/dev/null
+        [ -f "$BG/real/state.tar.gz" ] && cp "$BG/real/state.tar.gz" "$OUT/real-state.tar.gz"
+      fi
       ;;
     wait-default)
       while pgrep -f "$RUNNING" > /dev/null; do sleep 5; done
@@ -169,8 +192,25 @@ for step in "$@"; do
       setsid nohup "$PY" benchmarks/gpu.py reference examples/cropfollow-gpu.yaml --tvm-trials "${QAOPT_TVM_TRIALS:-128}" \
         --tvm-seconds "${QAOPT_TVM_SECONDS:-300}" --out "$BG/reference-tvm.json" > "$BG/reference-tvm.log" 2>&1 < /dev/null &
       ;;
+    ov-install)
+      mkdir -p "$OV_SITE" && tar -C "$OV_SITE" -xJf .ov-parts/openvino.tar.xz \
+        && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$OV_SITE" .ov-parts/*.whl || exit 1
+      export PYTHONPATH=$OV_SITE${PYTHONPATH:+:$PYTHONPATH}
+      "$PY" -c "import openvino as ov; print('openvino', ov.__version__, ov.Core().available_devices)"
+      ;;
+    real)
+      mkdir -p "$BG/real"
+      if [ -f .device-snapshots/real-state.tar.gz ] && [ ! -f "$BG/real/state.tar.gz" ]; then
+        cp .device-snapshots/real-state.tar.gz "$BG/real/state.tar.gz"
+      fi
+      sets=(); for field in $REAL_SET; do sets+=(--set "$field"); done
+      setsid nohup "$PY" benchmarks/real_result.py --spec examples/cropfollow-resnet18.yaml --estimator ekf \
+        "${sets[@]}" --out "$BG/real" --state "$BG/real/state.tar.gz" --json "$BG/real/real_result.json" \
+        >> "$BG/real.log" 2>&1 < /dev/null &
+      echo "real: started (${sets[*]})"
+      ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
             "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18, tvm-part, tvm-install,"\
-            "reference-tvm)"; exit 2 ;;
+            "reference-tvm, ov-install, real)"; exit 2 ;;
   esac
 done

@@ -1,12 +1,14 @@
 """The real result (issue "The real result"): `qaopt optimize` on the ResNet-18 spec, resumable across machines.
 
     python benchmarks/real_result.py --spec examples/cropfollow-resnet18.yaml --out DIR
-        [--estimator ekf|none] [--profile default] [--cache CACHE] [--state STATE.tar.gz]
+        [--estimator ekf|none] [--set target.backends=[openvino,onnxruntime] ...] [--profile default]
+        [--cache CACHE] [--state STATE.tar.gz]
         [--snapshot-every 120] [--json docs/benchmarks/real_result.json]
     python benchmarks/real_result.py --rungs STATE.tar.gz
 
 Runs ``qaopt optimize`` (the CLI, in a child process) on the spec with its estimator set to
-``--estimator``, its run folder in ``DIR/run`` and its cache in ``--cache`` (default ``DIR/cache``).
+``--estimator`` and each ``--set DOTTED.KEY=YAML`` applied (e.g. ``target.backend=auto``), its run folder in
+``DIR/run`` and its cache in ``--cache`` (default ``DIR/cache``).
 Two runs that differ only in the estimator can share one cache, started side by side: the
 reference NNs, the ladders and every candidate's measurement are the same for both, so they are
 built and measured once. A GPU machine is
@@ -57,6 +59,8 @@ def main() -> None:
     ap.add_argument("--spec", type=Path, default=Path("examples/cropfollow-resnet18.yaml"))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--estimator", choices=["ekf", "none"], default=None, help="default: the spec's")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="set a spec field (dotted key, YAML value), e.g. target.backends=[openvino,onnxruntime]")
     ap.add_argument("--profile", default="default")
     ap.add_argument("--cache", type=Path, default=None, help="cache folder (default: OUT/cache); runs may share one")
     ap.add_argument("--state", type=Path, default=None, help="tar.gz to resume from and keep the state in")
@@ -76,7 +80,7 @@ def main() -> None:
     if args.state is not None and args.state.exists():
         _restore(args.state, run, cache)
         print(f"resumed from {args.state}")
-    spec = _spec_for(args.spec.resolve(), args.estimator, out)
+    spec = _spec_for(args.spec.resolve(), args.estimator, out, args.overrides)
     env = {**os.environ, "QAOPT_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
     # The CLI's entry function: a wheel installed with --target (as on the GPU machine) has no console script.
     command = [sys.executable, "-c", "import sys; from qaopt.cli import main; sys.argv[0] = 'qaopt'; main()", "optimize", str(spec), "--profile", args.profile, "--out", str(run),
@@ -98,11 +102,21 @@ def main() -> None:
     print(json.dumps(figures, indent=1))
 
 
-def _spec_for(spec: Path, estimator: str | None, out: Path) -> Path:
-    """The spec with the estimator asked for, written into the run's folder (its entry points are module paths)."""
+def _spec_for(spec: Path, estimator: str | None, out: Path, overrides: list[str] = ()) -> Path:
+    """The spec with the estimator and fields asked for, written into the run's folder (its entry points are
+    module paths). An override is ``dotted.key=value``, the value read as YAML."""
     data = yaml.safe_load(spec.read_text())
     if estimator is not None:
         data["evaluator"]["simulator"]["params"]["estimator"] = estimator
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {override!r}: write it as dotted.key=value, e.g. target.backend=auto")
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
     derived = out / f"{spec.stem}-{estimator or 'as-given'}.yaml"
     derived.write_text(yaml.safe_dump(data, sort_keys=False))
     return derived
@@ -172,7 +186,8 @@ def real_result(result: dict, spec: dict) -> dict:
         "rebuilt": bool(rebuilt),
         "agnostic_converged": result.get("agnostic_converged"),
         "backbone": sorted({nn["args"].get("backbone") for nn in spec["nns"].values()}),
-        "target": {k: spec.get("target", {}).get(k) for k in ("device", "backend", "threads")},
+        "target": {k: spec.get("target", {}).get(k)
+                   for k in ("device", "backend", "backends", "search_backend", "threads")},
         "estimator": params.get("estimator", "none"),
         "seconds": result.get("seconds"),
     }

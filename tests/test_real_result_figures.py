@@ -6,6 +6,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+import yaml
+
 from qaopt.closed_loop import ACCEPTANCE_SEED_BASE, VALIDATION_SEED_BASE
 
 _path = Path(__file__).resolve().parents[1] / "benchmarks" / "real_result.py"
@@ -43,3 +46,16 @@ def test_a_rebuilt_configuration_is_in_the_region_only_by_its_rebuilt_errors():
     assert left["validated_in_region"] is False and left["rebuilt"] is True
     kept = real_result.real_result(_result(rebuilt=[{"trial": 2, "feasible": False}]), SPEC)
     assert kept["validated_in_region"] is True and kept["rebuilt"] is False
+
+
+def test_spec_overrides_set_dotted_fields_and_a_malformed_one_names_the_form(tmp_path):
+    """The device run's spec: the estimator, and fields such as the backends raced on the device host's CPU."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({**SPEC, "target": {"device": "cpu", "backend": "onnxruntime", "threads": 2}}))
+    derived = real_result._spec_for(spec, "none", tmp_path, ["target.backend=auto",
+                                                              "target.backends=[openvino, onnxruntime]"])
+    data = yaml.safe_load(derived.read_text())
+    assert data["target"] == {"device": "cpu", "backend": "auto", "threads": 2, "backends": ["openvino", "onnxruntime"]}
+    assert data["evaluator"]["simulator"]["params"]["estimator"] == "none"
+    with pytest.raises(SystemExit, match="dotted.key=value"):
+        real_result._spec_for(spec, None, tmp_path, ["target.backend"])

@@ -40,11 +40,11 @@
 #               reference-tvm.json, .log)
 #   ov-install  unpack OpenVINO carried in .ov-parts/ (made here by `bash benchmarks/device_parts.sh openvino`;
 #               23 MB, so one call carries it with .whl) into $OV_SITE; every later step of any call imports it
-#   real     the real result (issue 31; docs/BENCHMARKS.md, "The real result: ResNet-18 CropFollow on a pinned
-#            2-thread CPU target"): benchmarks/real_result.py on examples/cropfollow-resnet18.yaml with the EKF,
-#            the default profile, its CPU target on 2 pinned cores of this host (the pool's workers kept off them),
-#            the references trained on the GPU, and the spec fields in $QAOPT_REAL_SET (default: each side on the
-#            faster of OpenVINO and ONNX Runtime, trials timed on OpenVINO), in the background; it saves its resumable state every 2
+#   real     the real result (issue 31; docs/BENCHMARKS.md, "The real result: ResNet-18 CropFollow on a pinned 2-thread
+#            CPU target"): benchmarks/real_result.py on examples/cropfollow-resnet18.yaml with the EKF, the default
+#            profile, its CPU target on 2 pinned cores of this host (the pool's workers kept off them), the references
+#            trained on the GPU, and the spec fields in $QAOPT_REAL_SET (default: each side on the faster of OpenVINO
+#            and ONNX Runtime, trials timed on OpenVINO), in the background; it saves its resumable state every 2
 #            minutes to $BG/real/state.tar.gz, which `progress` copies into $OUT (real-state.tar.gz). On a fresh
 #            machine, carry the last one as .device-snapshots/real-state.tar.gz and `real` resumes from it.
 #

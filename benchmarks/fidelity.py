@@ -1,7 +1,8 @@
 """Fidelity (issue #13), part 2: does each error model's region predict the real NNs' closed-loop verdicts?
 
-    .venv/bin/python benchmarks/fidelity.py --closed-loop DIR [DIR ...] --set NAME [--budget 20]
-                                            [--models gaussian,ar1,empirical,shaped] [--out docs/benchmarks/fidelity.json]
+    .venv/bin/python benchmarks/fidelity.py --closed-loop DIR [DIR ...] --set NAME [--spec examples/lanekeep.yaml]
+                                            [--budget 20] [--models gaussian,ar1,empirical,shaped]
+                                            [--out docs/benchmarks/fidelity.json]
 
 ``DIR`` holds what ``benchmarks/fidelity_closed_loop.py`` wrote on the machine that ran the real
 approximated NNs closed-loop: ``variants.json`` or ``fidelity_log.txt`` (each NN variant's on-policy
@@ -14,10 +15,11 @@ bitwise reproducible, so a variant rebuilt on another machine errs a little diff
 For each error model, the shipped example's calibration (its strategy, certifier and ``--budget``
 evaluations, on this machine) charts a region in on-policy coordinates: each NN's L1 on the
 on-policy drives (``calibration.error_data``; the fitted models are fitted to the reference's
-on-policy residuals). A configuration's point is its NNs' on-policy L1; the
-region says valid when it certifies the point. ``ar1@dataset`` is the product before on-policy error
-data: the ar1 region with each configuration placed at its dataset-drive L1. Compared with the
-closed-loop verdicts (the spec's acceptance test on 48 runs of 100 m): agreement on the decided
+on-policy residuals). A configuration's point is its NNs' on-policy errors, each NN's on its metric
+(L1; a detector's miss rate); the region says valid when it certifies the point. ``ar1@dataset`` is
+the product before on-policy error data: the ar1 region with each configuration placed at its
+dataset-drive errors. The spec's application (``--spec``: CropFollow's by default, LaneKeep's) names
+the NNs. Compared with the closed-loop verdicts (the spec's acceptance test on 48 runs): agreement on the decided
 configurations, false-valid count (region valid, closed loop invalid), and the calibration's cost.
 Where the variants carry stress-stratum errors (the spec's ``calibration.error_data.stress``), the ar1
 region is also scored with the product's stressed coordinates on either base (``ar1+stress``,
@@ -37,53 +39,64 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-NNS = ("heading", "distance")
 LOG_LINE = re.compile(r"\] (?P<name>[\w-]+): on-policy L1 (?P<on>[\d.e-]+), dataset L1 (?P<ds>[\d.e-]+)")
 DATASET_COORDINATES = "@dataset"
 STRESSED = "+stress"
 BASES = ("on_policy", "dataset")
-REFERENCE = {"heading": "h-ref", "distance": "d-ref"}
+LOG_REFERENCE = {"heading": "h-ref", "distance": "d-ref"}
+"""The reference variants of a CropFollow set recorded before ``variants.json`` (its log names no NN or knobs)."""
 
 
 def read_closed_loop(folder: Path) -> tuple[dict, list[dict]]:
     """(variant -> {on_policy, dataset} L1 and stratum errors, closed-loop records) of one device run folder."""
     if (folder / "variants.json").exists():
         variants = {n: {"on_policy": v["on_policy_error"], "dataset": v["dataset_error"], "strata": v.get("strata", {}),
-                        "macs": v.get("macs")}
+                        "macs": v.get("macs"), "nn": v.get("nn"), "knobs": v.get("knobs")}
                     for n, v in json.loads((folder / "variants.json").read_text()).items()}
     else:  # a run cut off before variants.json existed: its log has the same figures (but no MACs)
-        variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"]), "strata": {}, "macs": None}
+        variants = {m["name"]: {"on_policy": float(m["on"]), "dataset": float(m["ds"]), "strata": {}, "macs": None,
+                                "nn": None, "knobs": None}
                     for m in LOG_LINE.finditer((folder / "fidelity_log.txt").read_text())}
     texts = [p.read_text() for p in sorted((folder / "closed_loop").glob("*.json"))] if (folder / "closed_loop").is_dir() \
         else [t for p in sorted(folder.glob("*.jsonl")) for t in p.read_text().replace("}{", "}\n{").splitlines()]
     return variants, [json.loads(t) for t in texts if t.strip()]
 
 
-def merged(folders: list[Path]) -> tuple[list[dict], dict]:
+def reference_variants(variants: dict, metrics: dict[str, str]) -> dict[str, str]:
+    """Each NN's reference variant in a folder: the one built with no knobs (a log-only CropFollow folder: by name)."""
+    found = {v["nn"]: name for name, v in variants.items() if v["nn"] in metrics and v["knobs"] == {}}
+    return found if found.keys() == metrics.keys() else {nn: LOG_REFERENCE.get(nn) for nn in metrics}
+
+
+def merged(folders: list[Path], metrics: dict[str, str]) -> tuple[list[dict], dict]:
     """Every configuration once (a later folder's record replaces an earlier one's), with its points, and the
-    reference NNs' point in each base coordinate (from the last folder that built them).
+    reference NNs' point in each base coordinate (from the last folder that built them). ``metrics`` are the
+    spec's NNs and each one's error metric kind.
 
     Where the variants carry stress-stratum errors, each base coordinate gains a stressed one
     (``on_policy+stress``, ``dataset+stress``): the product's rule (:func:`qaopt.stress.stressed_coordinate`)
-    against the reference variant (``h-ref``, ``d-ref``) built in the same folder.
+    against each NN's reference variant built in the same folder.
     """
     from qaopt.stress import stressed_coordinate
 
+    nns = list(metrics)
     configs, reference = {}, {}
     for folder in folders:
         variants, records = read_closed_loop(folder)
-        if all(REFERENCE[nn] in variants for nn in NNS):
-            reference = {kind: {nn: variants[REFERENCE[nn]][kind] for nn in NNS} for kind in BASES}
+        ref = reference_variants(variants, metrics)
+        if all(ref[nn] in variants for nn in nns):
+            reference = {kind: {nn: variants[ref[nn]][kind] for nn in nns} for kind in BASES}
         for rec in records:
-            points = {kind: {nn: variants[rec[nn]][kind] for nn in NNS} for kind in BASES}
-            if all(variants[rec[nn]]["strata"] for nn in NNS):
+            points = {kind: {nn: variants[rec[nn]][kind] for nn in nns} for kind in BASES}
+            if all(variants[rec[nn]]["strata"] for nn in nns):
                 for kind in BASES:
                     points[kind + STRESSED] = {nn: stressed_coordinate(
-                        "l1", variants[rec[nn]][kind], variants[REFERENCE[nn]][kind], variants[rec[nn]]["strata"],
-                        variants[REFERENCE[nn]]["strata"]) for nn in NNS}
-            macs = [variants[rec[nn]]["macs"] for nn in NNS]
+                        metrics[nn], variants[rec[nn]][kind], variants[ref[nn]][kind], variants[rec[nn]]["strata"],
+                        variants[ref[nn]]["strata"]) for nn in nns}
+            macs = [variants[rec[nn]]["macs"] for nn in nns]
             configs[rec["id"]] = {**rec, "points": points, "source": folder.name,
-                                  "macs": None if None in macs else sum(macs)}
+                                  "macs": None if None in macs else sum(macs),
+                                  "reference": all(rec[nn] == ref[nn] for nn in nns)}
     return [configs[i] for i in sorted(configs)], reference
 
 
@@ -146,8 +159,7 @@ def pipeline(configs: list[dict], region_valid: dict | None, goal, test) -> dict
     if lacking:
         return {"scored": False, "why": f"configurations {lacking} have no per-run records or MACs (recorded before "
                                         "the closed-loop script kept them)"}
-    order = sorted((c for c in configs if (c["heading"], c["distance"]) != (REFERENCE["heading"], REFERENCE["distance"])),
-                   key=lambda c: (c["macs"], c["id"]))
+    order = sorted((c for c in configs if not c["reference"]), key=lambda c: (c["macs"], c["id"]))
     spent, failed_in_validation, accepted = 0, [], None
     for c in order:
         if region_valid is not None and not region_valid[c["id"]]:
@@ -194,7 +206,8 @@ def main() -> None:
 
     spec = load_spec(args.spec)
     budget = args.budget or spec.calibration.budget
-    configs, reference = merged(args.closed_loop)
+    metrics = {nn: spec.nns[nn].error_metric.kind for nn in spec.nns}
+    configs, reference = merged(args.closed_loop, metrics)
     models, regions = {}, {}
     for model in args.models.split(","):
         region, cost = calibrate(spec, model, budget)
@@ -230,8 +243,7 @@ def main() -> None:
         "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
         "closed_loop": {"runs": sum(c["runs"] for c in configs), "sources": [str(p) for p in args.closed_loop],
                         "verdicts": {c["id"]: c["verdict"] for c in configs}},
-        "truth": [{k: c[k] for k in ("id", "heading", "distance", "runs", "failures", "verdict", "points", "macs",
-                                     "source")}
+        "truth": [{k: c[k] for k in ("id", *metrics, "runs", "failures", "verdict", "points", "macs", "source")}
                   for c in configs],
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%d"),
@@ -243,8 +255,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"sets": dict(sorted(sets.items()))}, indent=1) + "\n")
 
+    params = spec.evaluator.simulator.params
     print(f"\n{len(configs)} configurations, {out['closed_loop']['runs']} closed-loop runs of "
-          f"{spec.evaluator.simulator.params.get('run_length_m', '?')} m; calibration budget {budget}\n")
+          f"{params.get('run_length_m', params.get('route_m', '?'))} m; calibration budget {budget}\n")
     print("| error model | decided | agreement | false-valid | simulator runs | calibration s | certified up to "
           "(other NN at the reference) |")
     print("|---|---|---|---|---|---|---|")
@@ -264,13 +277,13 @@ def main() -> None:
     else:
         print(f"pipeline: not scored: {scores['why']}\n")
     names = list(models)
-    print("| # | heading | distance | closed loop | " + " | ".join(names) + " |")
-    print("|---|---|---|---|" + "---|" * len(names))
+    print("| # | " + " | ".join(metrics) + " | closed loop | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(metrics) + "---|" + "---|" * len(names))
     for c in configs:
         p = c["points"]["on_policy"]
+        nn_cells = " | ".join(f"{c[nn]} ({p[nn]:.3g})" for nn in metrics)
         cells = " | ".join("valid" if models[m]["region_valid"][c["id"]] else "-" for m in names)
-        print(f"| {c['id']} | {c['heading']} ({p['heading']:.3g}) | {c['distance']} ({p['distance']:.3g}) | "
-              f"{c['failures']}/{c['runs']} {c['verdict']} | {cells} |")
+        print(f"| {c['id']} | {nn_cells} | {c['failures']}/{c['runs']} {c['verdict']} | {cells} |")
 
 
 if __name__ == "__main__":

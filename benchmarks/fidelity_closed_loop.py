@@ -1,18 +1,20 @@
-"""Fidelity ground truth (issue #13), part 1: real approximated CropFollow NNs in the closed loop.
+"""Fidelity ground truth (issue #13), part 1: real approximated NNs in the closed loop.
 
-    python benchmarks/fidelity_closed_loop.py [--runs 48] [--workers 16] [--device cuda] --out DIR
+    python benchmarks/fidelity_closed_loop.py [--spec examples/lanekeep.yaml] [--runs 48] [--workers 16]
+                                              [--device cuda] --out DIR
 
-For each of CONFIGURATIONS (a heading and a distance NN variant: pruning 0-0.9, fp32/bf16/int8,
-short and long fine-tuning, pairs that mix) it
+For each configuration of the spec's application (:data:`CONFIGURATIONS`: one variant of each NN of
+:data:`VARIANTS`, pruning 0-0.9, fp32/bf16/int8, input scales, short and long fine-tuning, mixes;
+CropFollow's heading and distance NNs, LaneKeep's lane, stop-sign and lead NNs) it
 
-1. builds both NNs through ``qaopt.approx.build`` (fine-tuning on ``--device``) from the shipped
-   example spec (``examples/cropfollow.yaml``);
+1. builds each NN through ``qaopt.approx.build`` (fine-tuning on ``--device``) from the shipped
+   example spec (``examples/cropfollow.yaml`` by default);
 2. measures each NN where the product measures it (``qaopt.on_policy.target_nns``: the example's
    on-policy drives, steered by the reference NNs), on its dataset's validation drives, and on each of
    the spec's stress strata (``calibration.error_data.stress``, :mod:`qaopt.stress`), keeping the
    on-policy residual and truth sequences;
 3. runs the configuration closed-loop with its NNs reading the rendered frames: ``--runs`` seeded
-   runs of the spec's 100 m (the seeds ``qaopt optimize``'s validation uses), in blocks of 8 on a
+   runs of the spec's simulator (the seeds ``qaopt optimize``'s validation uses), in blocks of 8 on a
    process pool, the NNs on the GPU (int8 graphs on ONNX Runtime, one CPU thread each), and judges
    them with the spec's acceptance test on the fixed set of runs.
 
@@ -40,7 +42,7 @@ from qaopt.executor import ShippedNN
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 8
 
-# NN variants: knobs on top of the spec's fixed settings (importance, round_to, ...).
+# NN variants: knobs on top of the spec's fixed settings (importance, round_to, ...); no knobs: the reference NN.
 HEADING = {
     "h-ref": {},
     "h-bf16": {"dtype": "bf16"},
@@ -73,7 +75,7 @@ DISTANCE = {
     "d-s50-int8": {"input_scale": 0.5, "dtype": "int8", "finetune_steps": 160},
     "d-s375-int8": {"input_scale": 0.375, "dtype": "int8", "finetune_steps": 160},
 }
-CONFIGURATIONS = [
+CROPFOLLOW = [
     ("h-ref", "d-ref"), ("h-bf16", "d-bf16"), ("h-int8", "d-int8"), ("h-int8", "d-ref"), ("h-ref", "d-int8"),
     ("h-p30-ft100", "d-ref"), ("h-p50-ft100", "d-ref"), ("h-p50-ft400", "d-ref"), ("h-p70-ft100", "d-ref"),
     ("h-p70-ft400", "d-ref"), ("h-p90-ft400", "d-ref"), ("h-p50-ft400-int8", "d-ref"),
@@ -85,6 +87,45 @@ CONFIGURATIONS = [
     ("h-s75-int8", "d-s75-int8"), ("h-s50-int8", "d-s50-int8"), ("h-s375-int8", "d-s375-int8"),
     ("h-s50-int8", "d-int8"), ("h-int8", "d-s50-int8"), ("h-s75-int8", "d-int8"), ("h-int8", "d-s75-int8"),
 ]
+
+
+def _ladder(prefix: str) -> dict[str, dict]:
+    """One LaneKeep NN's variants: the reference, each dtype, pruning with short and long fine-tuning, the input
+    scale the spec allows (0.85: its flattened head takes no smaller frame)."""
+    return {f"{prefix}-ref": {}, f"{prefix}-bf16": {"dtype": "bf16"}, f"{prefix}-int8": {"dtype": "int8"},
+            f"{prefix}-p50-ft400": {"prune_ratio": 0.5, "finetune_steps": 400},
+            f"{prefix}-p70-ft100": {"prune_ratio": 0.7, "finetune_steps": 100},
+            f"{prefix}-p90-ft400": {"prune_ratio": 0.9, "finetune_steps": 400},
+            f"{prefix}-s85-int8": {"input_scale": 0.85, "dtype": "int8", "finetune_steps": 160}}
+
+
+LANE, STOP, LEAD = _ladder("l"), _ladder("s"), _ladder("ld")
+# lane, stop, lead: the reference, each NN alone along its ladder beside the others' references, then all three alike
+LANEKEEP = [
+    ("l-ref", "s-ref", "ld-ref"), ("l-int8", "s-int8", "ld-int8"), ("l-bf16", "s-bf16", "ld-bf16"),
+    ("l-p50-ft400", "s-ref", "ld-ref"), ("l-p70-ft100", "s-ref", "ld-ref"), ("l-p90-ft400", "s-ref", "ld-ref"),
+    ("l-ref", "s-p50-ft400", "ld-ref"), ("l-ref", "s-p70-ft100", "ld-ref"), ("l-ref", "s-p90-ft400", "ld-ref"),
+    ("l-ref", "s-ref", "ld-p50-ft400"), ("l-ref", "s-ref", "ld-p70-ft100"), ("l-ref", "s-ref", "ld-p90-ft400"),
+    ("l-p50-ft400", "s-p50-ft400", "ld-p50-ft400"), ("l-p70-ft100", "s-p70-ft100", "ld-p70-ft100"),
+    ("l-p90-ft400", "s-p90-ft400", "ld-p90-ft400"), ("l-s85-int8", "s-s85-int8", "ld-s85-int8"),
+]
+
+VARIANTS = {"cropfollow": {"heading": HEADING, "distance": DISTANCE}, "lanekeep": {"lane": LANE, "stop": STOP, "lead": LEAD}}
+"""Each application's NN variants by NN (the spec's ``app.name``; its NNs in the spec's order)."""
+CONFIGURATIONS = {"cropfollow": CROPFOLLOW, "lanekeep": LANEKEEP}
+"""Each application's configurations: one variant per NN, in the order of :data:`VARIANTS`' NNs."""
+
+
+def configurations_of(spec) -> tuple[dict[str, dict], list[dict[str, str]]]:
+    """The spec's application's NN variants and configurations (NN -> variant), checked against its NNs."""
+    app = spec.app.name
+    if app not in VARIANTS:
+        raise SystemExit(f"--spec {app!r}: no variants for this application here (known: {', '.join(VARIANTS)}); "
+                         "add its NNs' variants to VARIANTS and CONFIGURATIONS in benchmarks/fidelity_closed_loop.py")
+    if list(VARIANTS[app]) != list(spec.nns):
+        raise SystemExit(f"--spec {app!r}: its NNs are {', '.join(spec.nns)}; this script's variants are for "
+                         f"{', '.join(VARIANTS[app])}")
+    return VARIANTS[app], [dict(zip(VARIANTS[app], config, strict=True)) for config in CONFIGURATIONS[app]]
 
 
 class InLoopNN(ShippedNN):
@@ -116,17 +157,18 @@ def cpu_model() -> str:
                 platform.processor())
 
 
-def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
-    """One block of closed-loop runs on a worker (the simulator built there from the spec's params)."""
+def run_block(entry_point: str, params: dict, nns: dict, seeds: list[int]) -> list[dict]:
+    """One block of closed-loop runs on a worker (the spec's simulator built there from its entry point and params)."""
     import torch
 
-    from qaopt.simulators.cropfollow import CropFollowEvaluator
+    from qaopt.app_spec.entrypoints import load_entry_point
 
     torch.set_num_threads(1)
-    return CropFollowEvaluator(**params).evaluate_perception(nns, seeds)
+    return load_entry_point(entry_point)(**params).evaluate_perception(nns, seeds)
 
 
-def build_variants(spec, cache: Path, device: str, names: set[str], variant_seed: int, log) -> tuple[dict, dict]:
+def build_variants(spec, tables: dict[str, dict], cache: Path, device: str, names: set[str], variant_seed: int,
+                   log) -> tuple[dict, dict]:
     """The NN variants ``names`` built (fine-tuned under ``variant_seed``), with their on-policy, dataset and
     stress-stratum errors and on-policy sequences."""
     from qaopt import kernels
@@ -146,7 +188,7 @@ def build_variants(spec, cache: Path, device: str, names: set[str], variant_seed
     if stress is not None:
         log(f"stress strata {', '.join(stress.strata)} recorded/read in {time.perf_counter() - t0:.0f} s")
     variants, sequences = {}, {}
-    for nn, table in (("heading", HEADING), ("distance", DISTANCE)):
+    for nn, table in tables.items():
         space = KnobSpace.from_section(spec.knobs_for(nn), nn=nn)
         target = on_policy[nn]
         column = target.metric.column
@@ -183,7 +225,8 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated configuration indices")
     ap.add_argument("--variant-seed", type=int, default=0,
                     help="fine-tuning seed of every variant (0: the first set; another: a new set of the same knobs)")
-    ap.add_argument("--length", type=float, default=None, help="override the run length (smoke tests only)")
+    ap.add_argument("--length", type=float, default=None,
+                    help="override the run length, run_length_m or route_m of the spec's simulator (smoke tests only)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -204,18 +247,21 @@ def main() -> None:
         log_file.write(line + "\n")
         log_file.flush()
 
-    chosen = range(len(CONFIGURATIONS)) if args.only is None else [int(i) for i in args.only.split(",")]
+    tables, configurations = configurations_of(spec)
+    chosen = range(len(configurations)) if args.only is None else [int(i) for i in args.only.split(",")]
     start = time.perf_counter()
-    variants, sequences = build_variants(spec, cache, args.device, {v for i in chosen for v in CONFIGURATIONS[i]},
-                                         args.variant_seed, log)
+    variants, sequences = build_variants(spec, tables, cache, args.device,
+                                         {v for i in chosen for v in configurations[i].values()}, args.variant_seed, log)
     np.savez_compressed(args.out / "fidelity_residuals.npz", **sequences)
     (args.out / "variants.json").write_text(json.dumps(
         {n: {k: v for k, v in var.items() if k != "cand"} for n, var in variants.items()}, indent=1))
     build_s = time.perf_counter() - start
 
-    params = dict(spec.evaluator.simulator.params)
+    simulator = spec.evaluator.simulator
+    params = dict(simulator.params)
+    length_key = next((k for k in ("run_length_m", "route_m") if k in params), "run_length_m")
     if args.length is not None:
-        params["run_length_m"] = args.length
+        params[length_key] = args.length
     goal, test = goal_of(spec), acceptance_of(spec)
     seeds = [VALIDATION_SEED_BASE + i for i in range(args.runs)]
     pending = {}
@@ -226,24 +272,23 @@ def main() -> None:
         for i in chosen:
             if (done_dir / f"{i}.json").exists():
                 continue
-            h, d = CONFIGURATIONS[i]
-            nns = {"heading": shipped[h], "distance": shipped[d]}
+            nns = {nn: shipped[variant] for nn, variant in configurations[i].items()}
             pending[i] = {}
             for b in range(0, len(seeds), BLOCK):
-                futures[pool.submit(run_block, params, nns, seeds[b : b + BLOCK])] = (i, b)
+                futures[pool.submit(run_block, simulator.entry_point, params, nns, seeds[b : b + BLOCK])] = (i, b)
         for fut in as_completed(futures):
             i, b = futures[fut]
             pending[i][b] = fut.result()
             if len(pending[i]) * BLOCK >= len(seeds):
                 records = [r for k in sorted(pending[i]) for r in pending[i][k]]
                 failures = sum(not goal.passes(r[goal.metric]) for r in records)
-                h, d = CONFIGURATIONS[i]
-                row = {"id": i, "heading": h, "distance": d, "runs": len(records), "failures": failures,
+                row = {"id": i, **configurations[i], "runs": len(records), "failures": failures,
                        "verdict": test.decide_fixed(failures, len(records)).value,
                        "mean_distance_m": float(np.mean([r["distance_m"] for r in records])),
                        "qos": [float(r[goal.metric]) for r in records]}  # per run, in seed order: replayable
                 (done_dir / f"{i}.json").write_text(json.dumps(row))
-                log(f"configuration {i} {h} + {d}: {failures}/{len(records)} failed -> {row['verdict']}")
+                log(f"configuration {i} {' + '.join(configurations[i].values())}: {failures}/{len(records)} failed "
+                    f"-> {row['verdict']}")
     loop_s = time.perf_counter() - loop_start
 
     rows = [json.loads((done_dir / f"{i}.json").read_text()) for i in chosen if (done_dir / f"{i}.json").exists()]
@@ -256,7 +301,7 @@ def main() -> None:
                     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
         "date": time.strftime("%Y-%m-%d"),
         "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
-        "runs_per_configuration": args.runs, "run_length_m": params["run_length_m"],
+        "runs_per_configuration": args.runs, length_key: params.get(length_key),
         "acceptance": spec.qos.acceptance.model_dump(), "qos": {"metric": goal.metric, "max": goal.max},
         "on_policy": spec.calibration.error_data.model_dump(), "variant_seed": args.variant_seed,
         "seconds": {"build_and_measure": round(build_s, 1), "closed_loop": round(loop_s, 1)},

@@ -210,8 +210,9 @@ def build_variants(spec, tables: dict[str, dict], cache: Path, device: str, name
             for i, (res, seq) in enumerate(zip(cand.residuals, target.data.val_sequences)):
                 sequences[f"{name}/residual/{i}"] = np.asarray(res)
                 sequences[f"{name}/truth/{i}"] = truth[np.asarray(seq)]
-            log(f"{name}: on-policy L1 {cand.error:.4g}, dataset L1 {ds_error:.4g}"
-                + "".join(f", {k} L1 {v:.4g}" for k, v in strata.items()) + f" ({variants[name]['build_s']} s)")
+            unit = "L1" if target.metric.kind == "l1" else target.metric.kind  # fidelity.py reads a log's L1 lines
+            log(f"{name}: on-policy {unit} {cand.error:.4g}, dataset {unit} {ds_error:.4g}"
+                + "".join(f", {k} {unit} {v:.4g}" for k, v in strata.items()) + f" ({variants[name]['build_s']} s)")
     return variants, sequences
 
 

@@ -94,8 +94,12 @@ def _ladder(prefix: str) -> dict[str, dict]:
     scale the spec allows (0.85: its flattened head takes no smaller frame)."""
     return {f"{prefix}-ref": {}, f"{prefix}-bf16": {"dtype": "bf16"}, f"{prefix}-int8": {"dtype": "int8"},
             f"{prefix}-p50-ft400": {"prune_ratio": 0.5, "finetune_steps": 400},
+            f"{prefix}-p60-ft100": {"prune_ratio": 0.6, "finetune_steps": 100},
+            f"{prefix}-p60-ft400": {"prune_ratio": 0.6, "finetune_steps": 400},
             f"{prefix}-p70-ft100": {"prune_ratio": 0.7, "finetune_steps": 100},
+            f"{prefix}-p70-ft400": {"prune_ratio": 0.7, "finetune_steps": 400},
             f"{prefix}-p90-ft400": {"prune_ratio": 0.9, "finetune_steps": 400},
+            f"{prefix}-s90-int8": {"input_scale": 0.9, "dtype": "int8", "finetune_steps": 160},
             f"{prefix}-s85-int8": {"input_scale": 0.85, "dtype": "int8", "finetune_steps": 160}}
 
 
@@ -108,6 +112,12 @@ LANEKEEP = [
     ("l-ref", "s-ref", "ld-p50-ft400"), ("l-ref", "s-ref", "ld-p70-ft100"), ("l-ref", "s-ref", "ld-p90-ft400"),
     ("l-p50-ft400", "s-p50-ft400", "ld-p50-ft400"), ("l-p70-ft100", "s-p70-ft100", "ld-p70-ft100"),
     ("l-p90-ft400", "s-p90-ft400", "ld-p90-ft400"), ("l-s85-int8", "s-s85-int8", "ld-s85-int8"),
+    # 16-24, near the first set's edges: the detector and the lead NN between their passing and failing rungs, the
+    # input scale one NN at a time and at 0.9
+    ("l-ref", "s-p60-ft100", "ld-ref"), ("l-ref", "s-p70-ft400", "ld-ref"), ("l-ref", "s-ref", "ld-p60-ft100"),
+    ("l-ref", "s-ref", "ld-p70-ft400"), ("l-s85-int8", "s-ref", "ld-ref"), ("l-ref", "s-s85-int8", "ld-ref"),
+    ("l-ref", "s-ref", "ld-s85-int8"), ("l-s90-int8", "s-s90-int8", "ld-s90-int8"),
+    ("l-p50-ft400", "s-p60-ft400", "ld-p60-ft400"),
 ]
 
 VARIANTS = {"cropfollow": {"heading": HEADING, "distance": DISTANCE}, "lanekeep": {"lane": LANE, "stop": STOP, "lead": LEAD}}

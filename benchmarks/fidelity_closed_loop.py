@@ -120,7 +120,8 @@ LANEKEEP = [
     ("l-p50-ft400", "s-p60-ft400", "ld-p60-ft400"),
 ]
 
-VARIANTS = {"cropfollow": {"heading": HEADING, "distance": DISTANCE}, "lanekeep": {"lane": LANE, "stop": STOP, "lead": LEAD}}
+VARIANTS = {"cropfollow": {"heading": HEADING, "distance": DISTANCE},
+            "lanekeep": {"lane": LANE, "stop": STOP, "lead": LEAD}}
 """Each application's NN variants by NN (the spec's ``app.name``; its NNs in the spec's order)."""
 CONFIGURATIONS = {"cropfollow": CROPFOLLOW, "lanekeep": LANEKEEP}
 """Each application's configurations: one variant per NN, in the order of :data:`VARIANTS`' NNs."""
@@ -261,8 +262,8 @@ def main() -> None:
     tables, configurations = configurations_of(spec)
     chosen = range(len(configurations)) if args.only is None else [int(i) for i in args.only.split(",")]
     start = time.perf_counter()
-    variants, sequences = build_variants(spec, tables, cache, args.device,
-                                         {v for i in chosen for v in configurations[i].values()}, args.variant_seed, log)
+    names = {v for i in chosen for v in configurations[i].values()}
+    variants, sequences = build_variants(spec, tables, cache, args.device, names, args.variant_seed, log)
     np.savez_compressed(args.out / "fidelity_residuals.npz", **sequences)
     (args.out / "variants.json").write_text(json.dumps(
         {n: {k: v for k, v in var.items() if k != "cand"} for n, var in variants.items()}, indent=1))

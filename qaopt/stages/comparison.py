@@ -8,8 +8,9 @@ processes "not comparable". So before the report, the three are compiled again o
 backends their measurements chose and timed in interleaved rounds, in a fresh process
 (:func:`qaopt.kernels.compare_frames_fresh`): the run's own process, after training,
 calibration and closed-loop validation, timed two-model frames up to 1.9x the sum of their
-models. The latencies and speedups in ``result.json`` are these, each NN's of a sequential frame included. Nothing is cached: the stage
-costs seconds, and a figure read back from an earlier process would defeat it. It first
+models. The latencies and speedups in ``result.json`` are these, each NN's of a sequential frame
+included. Nothing is cached: the stage costs seconds, and a figure read back from an earlier
+process would defeat it. It first
 waits for the closed-loop runs still in flight on the run's local pool and ends its idle
 workers (:func:`qaopt.executor.quiesce`): validation's last blocks go on after its verdict,
 and frames timed beside them are not the target's.

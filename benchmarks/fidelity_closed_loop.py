@@ -118,6 +118,8 @@ LANEKEEP = [
     ("l-ref", "s-ref", "ld-p70-ft400"), ("l-s85-int8", "s-ref", "ld-ref"), ("l-ref", "s-s85-int8", "ld-ref"),
     ("l-ref", "s-ref", "ld-s85-int8"), ("l-s90-int8", "s-s90-int8", "ld-s90-int8"),
     ("l-p50-ft400", "s-p60-ft400", "ld-p60-ft400"),
+    # 25-27: each NN alone at input 0.9 (23 has all three there)
+    ("l-s90-int8", "s-ref", "ld-ref"), ("l-ref", "s-s90-int8", "ld-ref"), ("l-ref", "s-ref", "ld-s90-int8"),
 ]
 
 VARIANTS = {"cropfollow": {"heading": HEADING, "distance": DISTANCE},

@@ -203,7 +203,8 @@ for step in "$@"; do
       if [ -f .device-snapshots/real-state.tar.gz ] && [ ! -f "$BG/real/state.tar.gz" ]; then
         cp .device-snapshots/real-state.tar.gz "$BG/real/state.tar.gz"
       fi
-      sets=(); for field in $REAL_SET; do sets+=(--set "$field"); done
+      read -ra fields <<< "$REAL_SET"  # split on spaces, no globbing: a value may hold brackets
+      sets=(); for field in "${fields[@]}"; do sets+=(--set "$field"); done
       setsid nohup "$PY" benchmarks/real_result.py --spec examples/cropfollow-resnet18.yaml --estimator ekf \
         "${sets[@]}" --out "$BG/real" --state "$BG/real/state.tar.gz" --json "$BG/real/real_result.json" \
         >> "$BG/real.log" 2>&1 < /dev/null &

@@ -28,7 +28,8 @@
 #            studies and closed-loop evidence are read back; the NNs are rebuilt (the cache stays behind: ResNet-18
 #            candidates are 45 MB each) and every rebuilt candidate is re-checked against the region
 #   wait-default  wait for the background default runs to end
-#   collect  copy the background runs' logs and records into this call's $OUT
+#   collect  copy the background runs' logs and records into this call's $OUT (the real result's: its figures,
+#            result, report, log and state, not its run folder and cache)
 #   latency-compact, latency-resnet18  benchmarks/gpu.py latency on that default run's chosen NNs, on its GPU
 #   tvm-part    keep the TVM archive's parts and wheels carried in .tvm-parts/ (made here by `bash
 #               benchmarks/device_parts.sh tvm`; the wheel is larger than one call may carry, so a part a call, and

@@ -102,7 +102,7 @@ def main() -> None:
     print(json.dumps(figures, indent=1))
 
 
-def _spec_for(spec: Path, estimator: str | None, out: Path, overrides: list[str] = ()) -> Path:
+def _spec_for(spec: Path, estimator: str | None, out: Path, overrides: tuple[str, ...] | list[str] = ()) -> Path:
     """The spec with the estimator and fields asked for, written into the run's folder (its entry points are
     module paths). An override is ``dotted.key=value``, the value read as YAML."""
     data = yaml.safe_load(spec.read_text())

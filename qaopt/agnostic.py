@@ -28,6 +28,14 @@ layout's whole frame is measured once through :meth:`SearchContext.measure` on e
 schedule the target allows, as the aware side's configurations are; the fastest frame is
 the agnostic configuration.
 
+A test at a 2 % bound is only as sharp as the validation data: where a trial faster than
+its unit's winner erred inside every bound by its point excess but was rejected on the
+upper bound (:attr:`~qaopt.tolerance.Judgement.unresolved`), the study's least-data such
+trial is reported (``AgnosticRule.unresolved``) with how many times the validation data
+would decide it. Each trial keeps its judgements (``ATTR_JUDGED``) so a resumed run reports
+the same. On ResNet-18 CropFollow (640 validation frames) every candidate but the reference
+was rejected so, and the baseline was the uncompressed NNs.
+
 Convergence (``Result.agnostic_converged``): ``best_ms_by_trial[t]`` is the fastest layout's
 sum of its units' best latencies (each measured alone) after the first ``t + 1`` trials of
 every unit, ``None`` while some unit has none within tolerance; ``trials`` is the trials
@@ -38,6 +46,7 @@ sum by what running the units together costs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,7 +61,7 @@ from qaopt.approx.passes.pruning import GRID, PruningConfig
 from qaopt.events import StageEvents
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import frame_models
-from qaopt.result import Configuration, ConvergenceCurve, StudySummary
+from qaopt.result import Configuration, ConvergenceCurve, ExcessJudged, StudySummary, UnresolvedTrial
 from qaopt.search import (
     ATTR_CONFIGURATION,
     ATTR_ERRORS,
@@ -70,6 +79,7 @@ from qaopt.search import (
 )
 from qaopt.seeding import Unit, merged_units, most_finetuning, walk
 from qaopt.study_lock import study_lock
+from qaopt.tolerance import Judgement
 
 MODE = "agnostic"
 AGNOSTIC_STUDY_PREFIX = f"{MODE}."
@@ -77,6 +87,8 @@ AGNOSTIC_STUDY_PREFIX = f"{MODE}."
 CONSTRAINT = "reference_error"
 OBJECTIVES = ("latency",)
 """A unit study minimises the unit's own latency: memory is a frame's, judged once the units are combined."""
+ATTR_JUDGED = "judged"
+"""A unit trial's attribute: NN -> its :class:`~qaopt.tolerance.Judgement` fields."""
 
 def unit_label(unit: Unit) -> str:
     """A unit's name in study names and results: ``heading``, or ``heading+distance`` for a merged group."""
@@ -109,6 +121,8 @@ class AgnosticSearch:
     """``agnostic.<unit>`` -> its study's summary."""
     chosen: Configuration | None
     converged: ConvergenceCurve
+    unresolved: dict[str, UnresolvedTrial] = dataclasses.field(default_factory=dict)
+    """unit -> its trial that only the test's resolution rejected (:func:`unresolved_trial`)."""
 
 
 class UnitObjective:
@@ -129,6 +143,9 @@ class UnitObjective:
             unusable = nonfinite(candidates)
             violation = OUTSIDE if unusable else ctx.over_tolerance(candidates)
             trial.set_constraint(CONSTRAINT, violation)
+            if not unusable:
+                trial.set_user_attr(ATTR_JUDGED, {n: dataclasses.asdict(ctx.judgement(n, c))
+                                                  for n, c in candidates.items()})
             trial.set_user_attr(ATTR_ERRORS, {} if unusable else {n: c.error for n, c in candidates.items()})
             trial.set_user_attr(ATTR_FEASIBLE, violation <= 0)
             if unusable:
@@ -238,6 +255,29 @@ def winner(study: optuna.Study) -> Configuration | None:
     return min(measured, key=lambda c: c.latency_ms, default=None)
 
 
+def unresolved_trial(unit: Unit, study: optuna.Study) -> UnresolvedTrial | None:
+    """The unit's trial faster than its winner (by its untuned estimate) whose every NN erred inside its bound by the
+    point excess, at least one rejected on the upper bound alone, that the least extra validation data would decide;
+    ``None`` when there is none (the winner is not the test's artefact)."""
+    best = winner(study)
+    baseline = best.latency_ms if best is not None else None
+    found: UnresolvedTrial | None = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        judged = {n: Judgement(**j) for n, j in t.user_attrs.get(ATTR_JUDGED, {}).items()}
+        if (t.user_attrs.get(ATTR_FEASIBLE) or not judged or not t.values
+                or any(j.excess > j.allowed for j in judged.values())
+                or (baseline is not None and t.values[0] >= baseline)):
+            continue
+        needed = max(j.data_needed() for j in judged.values())
+        if found is None or needed < found.data_needed:
+            found = UnresolvedTrial(
+                unit=unit_label(unit), trial=t.number, params=dict(t.params), quick_ms=t.values[0],
+                baseline_ms=baseline, data_needed=needed,
+                judged={n: ExcessJudged(excess=j.excess, ucb=j.ucb, allowed=j.allowed, frames=j.frames,
+                                        blocks=j.blocks) for n, j in judged.items()})
+    return found
+
+
 def convergence(ctx: SearchContext, curves: Mapping[Unit, Sequence[float]]) -> ConvergenceCurve:
     """The combined best-so-far by round of unit trials (the module docstring)."""
     rounds = max((len(c) for c in curves.values()), default=0)
@@ -299,8 +339,12 @@ def search_agnostic(ctx: SearchContext, storage: BaseStorage, region: RegionSour
     events.progress(completed=0, total=len(units) * ctx.plan.trials)
     studies = {unit: run_unit(ctx, unit, storage, events, done) for unit in units}
     chosen = combine(ctx, {u: winner(s) for u, s in studies.items()}, region)
+    unresolved = {unit_label(u): found for u, s in studies.items() if (found := unresolved_trial(u, s)) is not None}
+    for found in unresolved.values():
+        events.note(found.describe())
     return AgnosticSearch(
         studies={f"{AGNOSTIC_STUDY_PREFIX}{unit_label(u)}": summarize(s, OBJECTIVES) for u, s in studies.items()},
         chosen=chosen,
         converged=convergence(ctx, {u: best_by_trial(s) for u, s in studies.items()}),
+        unresolved=unresolved,
     )

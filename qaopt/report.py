@@ -459,6 +459,11 @@ def _agnostic_rule(rule: AgnosticRule) -> str:
         ucb = "n/a" if t.chosen_excess_ucb is None else f"{t.chosen_excess_ucb:+.4g}"
         rows.append(f"| {name} | {t.metric} | {t.reference_error:.4g} | {bound} | {t.allowed_excess:.4g} | {chosen} | "
                     f"{ucb} |")
+    if rule.unresolved:
+        rows += ["", "Where the test, not the NN, decided (a faster trial inside the bound by its point error, rejected on "
+                 "its upper bound; the baseline is then nearer the reference than accuracy-preserving compression "
+                 "would allow, and aware over agnostic overstates what the application's headroom buys):", ""]
+        rows += [f"- {u.describe()}." for u in rule.unresolved.values()]
     return "\n".join(rows)
 
 

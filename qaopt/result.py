@@ -343,12 +343,52 @@ class NNTolerance(_Model):
         "the upper confidence bound of its excess error over the reference's, the figure the rule judges"))
 
 
+class ExcessJudged(_Model):
+    """One NN's excess error over its reference, as the agnostic rule judged it (:class:`qaopt.tolerance.Judgement`)."""
+
+    excess: float = Field(description="candidate error - reference error, on the same validation frames")
+    ucb: float = Field(description="the upper confidence bound of that excess, the figure the rule judges")
+    allowed: float = Field(description="the excess the bound allows")
+    frames: int = Field(description="validation frames both errors were measured on")
+    blocks: int = Field(description="resampling blocks those frames make")
+
+
+class UnresolvedTrial(_Model):
+    """A unit's trial faster than its agnostic winner that erred inside every bound by its point excess, yet was
+    rejected because the validation data cannot show it at the rule's confidence: the test, not the candidate, decided.
+    """
+
+    unit: str = Field(description="the unit (an NN, or a merge group's NNs joined by '+')")
+    trial: int = Field(description="the trial's number in the unit's study (agnostic.<unit>)")
+    params: dict[str, Any] = Field(description="the trial's knobs, as the study sampled them")
+    quick_ms: float = Field(description="its untuned latency estimate (rejected trials are not tuned)")
+    baseline_ms: float | None = Field(description="the unit's fastest latency within tolerance (None: none)")
+    judged: dict[str, ExcessJudged] = Field(description="NN -> its excess as judged")
+    data_needed: float = Field(description=(
+        "how many times the validation data would resolve it (the interval's half-width shrinks as one over the square "
+        "root of the data): more validation sequences in nns.<name>.data, or a wider nns.<name>.agnostic_tolerance"))
+
+    def describe(self) -> str:
+        """One sentence a user can act on: what the test could not decide, and the two ways to let it."""
+        excesses = "; ".join(f"{n}: excess {j.excess:+.4g}, upper bound {j.ucb:+.4g}, allowed {j.allowed:.4g}, on "
+                             f"{j.frames} validation frames in {j.blocks} blocks" for n, j in self.judged.items())
+        baseline = (f"its winner's {self.baseline_ms:.3g} ms" if self.baseline_ms is not None
+                    else "no candidate within tolerance")
+        where = " and ".join(f"nns.{n}" for n in self.judged)
+        return (f"agnostic {self.unit}: trial {self.trial} (about {self.quick_ms:.3g} ms untuned, against {baseline}) "
+                f"erred inside the bound by its point error, but the validation data cannot show it at the rule's "
+                f"confidence ({excesses}); about {self.data_needed:.1f}x the validation frames would decide it: more "
+                f"validation sequences in {where}.data, or a wider agnostic_tolerance there")
+
+
 class AgnosticRule(_Model):
     """The rule that made the application-agnostic baseline, and its numbers (:mod:`qaopt.tolerance`)."""
 
     rule: str = Field(description="the rule in words")
     confidence: float = Field(description="the one-sided confidence of the upper bounds")
     nns: dict[str, NNTolerance]
+    unresolved: dict[str, UnresolvedTrial] = Field(default_factory=dict, description=(
+        "unit -> its unresolved trial the least data would decide, where its study has one faster than its winner"))
 
 
 class ConvergenceCurve(_Model):

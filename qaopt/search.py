@@ -50,7 +50,16 @@ from qaopt.seeding import Unit, configuration_params, informed_trials, precision
 from qaopt.stress import StressSet, cached_errors, stressed_coordinate
 from qaopt.study_lock import DIALECTS, study_lock
 from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
-from qaopt.result import AgnosticRule, Configuration, NNTolerance, Rebuilt, StudySummary, TrialRecord, Validation
+from qaopt.result import (
+    AgnosticRule,
+    Configuration,
+    NNTolerance,
+    Rebuilt,
+    StudySummary,
+    TrialRecord,
+    UnresolvedTrial,
+    Validation,
+)
 
 Mode = Literal["aware", "agnostic"]
 MODES: tuple[Mode, ...] = ("aware", "agnostic")
@@ -356,8 +365,10 @@ class SearchContext:
         return max((self.judgement(n, c).violation(self.plan.tolerances[n]) for n, c in candidates.items()),
                    default=0.0)
 
-    def agnostic_rule(self, chosen: Configuration | None) -> AgnosticRule:
-        """The agnostic rule, each NN's bound, and the NNs of ``chosen`` (the agnostic configuration) judged by it."""
+    def agnostic_rule(self, chosen: Configuration | None, unresolved: Mapping[str, UnresolvedTrial] | None = None
+                      ) -> AgnosticRule:
+        """The agnostic rule, each NN's bound, the NNs of ``chosen`` (the agnostic configuration) judged by it, and
+        each unit's trial that only the test's resolution rejected (:func:`qaopt.agnostic.unresolved_trial`)."""
         candidates = self.candidates(chosen) if chosen is not None else {}
         nns = {}
         for name, reference in self.reference.items():
@@ -367,7 +378,7 @@ class SearchContext:
                 metric=tolerance.metric, bound=tolerance.bound, absolute=tolerance.absolute,
                 reference_error=reference.error, allowed_excess=tolerance.allowed(reference.error),
                 chosen_error=judged.candidate if judged else None, chosen_excess_ucb=judged.ucb if judged else None)
-        return AgnosticRule(rule=RULE, confidence=CONFIDENCE, nns=nns)
+        return AgnosticRule(rule=RULE, confidence=CONFIDENCE, nns=nns, unresolved=dict(unresolved or {}))
 
     def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate],
                   region: ErrorRegion) -> float:

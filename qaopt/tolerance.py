@@ -32,6 +32,14 @@ what resampling the same frames moves it by. The rule here:
 Build-to-build spread (the same knobs fine-tuned again on a GPU erring differently) is not
 added: each candidate is judged on the one build the run made and uses; a spec that wants
 room for rebuilds widens ``agnostic_tolerance``.
+
+A test at a bound is only as sharp as its data. A candidate whose point excess is inside the
+bound but whose upper bound is not is **unresolved** (:attr:`Judgement.unresolved`): the
+validation set cannot tell it from one outside. The interval's half-width shrinks with the
+square root of the data, so :meth:`Judgement.data_needed` says how many times the validation
+frames would resolve it. Where every candidate is unresolved or outside, the baseline is the
+reference itself and "aware over agnostic" measures aware over uncompressed: the result and
+report say so, naming the NN's data and tolerance as the fix (:mod:`qaopt.agnostic`).
 """
 
 from __future__ import annotations
@@ -105,10 +113,29 @@ class Judgement:
     ucb: float
     """The one-sided upper confidence bound of the excess (:data:`CONFIDENCE`)."""
     allowed: float
+    frames: int = 0
+    """Validation frames both errors were measured on (the candidate's)."""
+    blocks: int = 0
+    """Resampling blocks those frames make (:data:`BLOCK_FRAMES` consecutive frames of one sequence)."""
 
     @property
     def within(self) -> bool:
         return self.ucb <= self.allowed
+
+    @property
+    def unresolved(self) -> bool:
+        """Inside the bound by its point excess, outside by its upper bound: the data cannot decide at this bound."""
+        return self.excess <= self.allowed < self.ucb
+
+    def data_needed(self) -> float:
+        """How many times this validation data would put the upper bound at the allowed excess (the half-width
+        ``ucb - excess`` shrinks as one over the square root of the data): 1 when within, inf when even the point
+        excess is outside."""
+        if self.within:
+            return 1.0
+        if self.excess >= self.allowed:
+            return float("inf")
+        return ((self.ucb - self.excess) / (self.allowed - self.excess)) ** 2
 
     def violation(self, tolerance: Tolerance) -> float:
         """How far outside, on the bound's scale (<= 0 within): relative to the reference error, or to the bound for a
@@ -125,7 +152,8 @@ def judge(tolerance: Tolerance, candidate: Sequence[np.ndarray], reference: Sequ
     excess = point_c - point_r
     resampled = tolerance.metric != "max_abs" and c.size and r.size
     ucb = _excess_ucb(tolerance.metric, candidate, reference) if resampled else excess
-    return Judgement(point_r, point_c, excess, max(ucb, excess), tolerance.allowed(point_r))
+    return Judgement(point_r, point_c, excess, max(ucb, excess), tolerance.allowed(point_r), frames=int(c.size),
+                     blocks=len(_blocks(candidate)))
 
 
 def _flat(sequences: Sequence[np.ndarray]) -> np.ndarray:

@@ -135,3 +135,34 @@ def test_the_aware_study_runs_the_agnostic_choice_as_one_of_its_trials(tmp_path,
     if trial.configuration is not None:
         built = {n: c.candidate for n, c in trial.configuration.nns.items()}
         assert built == {n: c.candidate for n, c in chosen.nns.items()}
+
+
+def test_a_trial_only_the_test_rejected_is_reported_with_the_data_that_would_decide_it(tmp_path, monkeypatch):
+    """NN a's bound set between a pruning level's point excess and its upper bound: the baseline keeps NN a nearer the
+    reference, and the result names that trial, how much more validation data would decide it, and where to give it."""
+    from qaopt.result import AgnosticRule
+
+    ctx = _context(tmp_path, monkeypatch)
+    plan = ctx.plan
+    space = plan.knob_spaces["a"]
+    judged = [ctx.judgement("a", ctx.build("a", space.base(prune_ratio=r, seed=plan.seed))) for r in RATIOS[1:]]
+    level = min((j for j in judged if j.excess > 0), key=lambda j: j.excess)
+    bound = (level.excess + level.ucb) / 2 / level.reference
+    ctx = ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "a": Tolerance("l1", bound)}),
+                          ctx.nns, ctx.space)
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+
+    found = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
+
+    unresolved = found.unresolved["a"]
+    [j] = unresolved.judged.values()
+    assert j.excess <= j.allowed < j.ucb and unresolved.data_needed > 1
+    assert unresolved.baseline_ms is None or unresolved.quick_ms < unresolved.baseline_ms
+    assert j.frames > 0 and j.blocks > 0
+    text = unresolved.describe()
+    assert f"trial {unresolved.trial}" in text and "nns.a.data" in text and "agnostic_tolerance" in text
+    rule = ctx.agnostic_rule(found.chosen, found.unresolved)
+    assert AgnosticRule.model_validate_json(rule.model_dump_json()).unresolved == found.unresolved
+    # Resumed, the trials' own records give the same report.
+    again = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
+    assert again.unresolved == found.unresolved

@@ -12,7 +12,7 @@ import yaml
 from qaopt.app_spec import SpecError, load
 from qaopt.app_spec.nn_errors import FALSE_ALARM, MISS, TRUE_NEGATIVE, TRUE_POSITIVE
 from qaopt.plan import BoundApplication
-from qaopt.tolerance import RATE_TOLERANCE, RELATIVE_TOLERANCE, Tolerance, judge
+from qaopt.tolerance import RATE_TOLERANCE, RELATIVE_TOLERANCE, Judgement, Tolerance, judge
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SEQUENCE = 250
@@ -43,6 +43,20 @@ def test_a_noisy_one_percent_excess_is_rejected_on_few_frames_and_accepted_on_ma
     assert many.excess == pytest.approx(0.01 * many.reference)
     assert many.ucb <= many.allowed and many.within
     assert many.violation(tolerance) <= 0 < few.violation(tolerance)
+
+
+def test_an_unresolved_candidate_says_how_much_more_data_would_decide_it():
+    """1 % on the point against a 2 % bound, undecidable on 500 frames: the factor it names (the half-width shrinking as
+    one over the square root of the data) is enough data, and half of it is not."""
+    tolerance = Tolerance.default("l1")
+    few = judge(tolerance, *_one_percent_worse(500))
+    assert few.unresolved and few.frames == 500 and few.blocks == 20
+    factor = few.data_needed()
+    assert 1 < factor < 100
+    assert judge(tolerance, *_one_percent_worse(round(500 * factor * 1.3))).within
+    assert not judge(tolerance, *_one_percent_worse(round(500 * factor / 2))).within
+    outside = Judgement(reference=1.0, candidate=1.03, excess=0.03, ucb=0.05, allowed=0.02)
+    assert not outside.unresolved and outside.data_needed() == float("inf"), "no data brings a 3 % excess inside 2 %"
 
 
 def test_the_bound_is_paired_so_frames_both_find_hard_cancel():

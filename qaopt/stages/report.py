@@ -58,7 +58,7 @@ class ReportStage(BaseStage):
             reference=ref,
             aware=aware,
             agnostic=agnostic,
-            agnostic_rule=reference.ctx.agnostic_rule(agnostic),
+            agnostic_rule=reference.ctx.agnostic_rule(agnostic, agnostic_search.unresolved),
             agnostic_converged=agnostic_search.converged,
             speedups=Speedups.of(ref, aware, agnostic),
             validations=validated.front.validations,

@@ -214,28 +214,39 @@ def rung_tables(state: Path) -> str:
             config = t.user_attrs["configuration"]
             threads = "1 (parallel)" if config["schedule"] == "parallel" else "2 (sequential)"
             for nn, c in config["nns"].items():
-                rows.setdefault(nn, {}).setdefault((c["knobs"]["prune_ratio"], c["knobs"]["dtype"]), {
+                rows.setdefault(nn, {}).setdefault(_rung(c), {
                     "error": c["error"], "macs": c["macs"], "params": c["params"]})[threads] = c["latency_ms"]
-            frames.append((config["latency_ms"], name.rsplit("-", 1)[-1], t.number, config["schedule"],
-                           {nn: (c["knobs"]["prune_ratio"], c["knobs"]["dtype"]) for nn, c in config["nns"].items()},
-                           t.user_attrs.get("feasible")))
+            kind = name.rsplit("-", 1)[-1].split(".")[0]  # aware, or agnostic (one study per unit: agnostic.<unit>)
+            frames.append((config["latency_ms"], kind, t.number, config["schedule"],
+                           {nn: _rung(c) for nn, c in config["nns"].items()}, t.user_attrs.get("feasible")))
     out = []
     for nn, by_rung in rows.items():
-        out += [f"**{nn}**: every rung and dtype the searches measured (latency in ms on the target, median)", "",
-                "| pruned | dtype | MMACs | M params | error | ms, 2 threads (sequential) | ms, 1 thread (parallel) |",
-                "|---|---|---|---|---|---|---|"]
-        for (ratio, dtype), r in sorted(by_rung.items()):
+        out += [f"**{nn}**: every rung, dtype, input scale and merge the searches measured (latency in ms on the "
+                "target, median; a merged NN's MACs, parameters and latency are the whole merged NN's, serving every "
+                "NN of its group)", "",
+                "| pruned | dtype | input scale | merged | MMACs | M params | error | ms, 2 threads (sequential) "
+                "| ms, 1 thread (parallel) |", "|---|---|---|---|---|---|---|---|---|"]
+        for (ratio, dtype, scale, merged), r in sorted(by_rung.items()):
             ms = [f"{r[k]:.2f}" if k in r else "-" for k in ("2 (sequential)", "1 (parallel)")]
-            out.append(f"| {ratio:.2f} | {dtype} | {r['macs'] / 1e6:.0f} | {r['params'] / 1e6:.3f} | {r['error']:.4g} | {ms[0]} | {ms[1]} |")
+            out.append(f"| {ratio:.2f} | {dtype} | {scale:g} | {merged or '-'} | {r['macs'] / 1e6:.0f} | "
+                       f"{r['params'] / 1e6:.3f} | {r['error']:.4g} | {ms[0]} | {ms[1]} |")
         out.append("")
     out += ["Fastest frames each search measured (feasible: inside the region for `aware`, within the reference's "
             "error for `agnostic`):", "", "| search | trial | frame ms | schedule | rungs (pruned, dtype) | feasible |",
             "|---|---|---|---|---|---|"]
     for kind in ("aware", "agnostic"):
         for ms, k, number, schedule, knobs, feasible in sorted(f for f in frames if f[1] == kind)[:6]:
-            rungs = ", ".join(f"{nn} {ratio:.2f} {dtype}" for nn, (ratio, dtype) in knobs.items())
+            rungs = ", ".join(f"{nn} {ratio:.2f} {dtype}" + (f" at {scale:g}" if scale != 1 else "")
+                              + (f" merged ({merged})" if merged else "")
+                              for nn, (ratio, dtype, scale, merged) in knobs.items())
             out.append(f"| {k} | {number} | {ms:.2f} | {schedule} | {rungs} | {feasible} |")
     return "\n".join(out)
+
+
+def _rung(choice: dict) -> tuple[float, str, float, str]:
+    """An NN choice's pruning ratio, dtype, input scale and the NNs its merged NN serves ('' when apart)."""
+    knobs = choice["knobs"]
+    return knobs["prune_ratio"], knobs["dtype"], knobs.get("input_scale", 1.0), "+".join(choice.get("serves") or [])
 
 
 if __name__ == "__main__":

@@ -299,7 +299,10 @@ def main() -> None:
                 row = {"id": i, **configurations[i], "runs": len(records), "failures": failures,
                        "verdict": test.decide_fixed(failures, len(records)).value,
                        "mean_distance_m": float(np.mean([r["distance_m"] for r in records])),
-                       "qos": [float(r[goal.metric]) for r in records]}  # per run, in seed order: replayable
+                       "qos": [float(r[goal.metric]) for r in records],  # per run, in seed order: replayable
+                       # every metric the simulator reports, per run: what made a run fail (a missed stop, a phantom)
+                       "metrics": {m: [float(r[m]) for r in records] for m in records[0]
+                                   if all(np.isscalar(r.get(m)) for r in records)}}
                 (done_dir / f"{i}.json").write_text(json.dumps(row))
                 log(f"configuration {i} {' + '.join(configurations[i].values())}: {failures}/{len(records)} failed "
                     f"-> {row['verdict']}")

@@ -1,0 +1,155 @@
+"""What LaneKeep's region misses about its stop detector (issue 33): misses at each sign's onset, not the miss rate.
+
+    python benchmarks/lanekeep_stop_onsets.py --closed-loop DIR [DIR ...] [--why DIR --cache-dir CACHE]
+
+Part 1 reads fidelity ground-truth folders (``benchmarks/fidelity_closed_loop.py``'s ``--out``: its
+``fidelity_residuals.npz``, ``variants.json`` and ``closed_loop/<id>.json``) and prints, per stop-detector
+variant, its confusion codes on the on-policy drives cut into sign events (runs of frames whose truth is
+positive): the miss rate the region places it by, the false-alarm rate, how many frames late its first
+detection of a sign comes (leading misses) and its miss rate on each sign's first ``--onset`` frames, beside
+the closed-loop verdicts of the configurations that change only the detector.
+
+Part 2 (``--why``: a folder whose ``closed_loop/<id>.json`` keep every QoS metric per run, as
+``fidelity_closed_loop.py`` now writes) prints which QoS metric failed each failing run of ``--config``, then
+drives those runs' seeds and as many passing ones with the reference NNs steering and prints, per seed, how
+many frames late the detector variant first detects each sign there: the states the closed loop failed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from qaopt.app_spec.nn_errors import FALSE_ALARM, MISS, TRUE_NEGATIVE, TRUE_POSITIVE
+
+
+def sign_events(positive: np.ndarray) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of positive frames (a sign in view)."""
+    edges = np.flatnonzero(np.diff(np.r_[0, positive.astype(int), 0]))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+
+
+def acted_on(detected: np.ndarray, debounce: int) -> int:
+    """Frames into a sign until the first streak of ``debounce`` detections in a row begins: where the car places
+    the line it brakes for (LaneKeep's ``stack.debounce_frames``); the sign's length when there is none."""
+    streak = np.convolve(detected.astype(int), np.ones(debounce, dtype=int), mode="valid") == debounce
+    return int(np.argmax(streak)) if streak.any() else len(detected)
+
+
+def onset_stats(sequences: list[np.ndarray], onset: int) -> dict[str, float]:
+    """A detector's confusion codes (one array per drive) summarised per sign event."""
+    misses = positives = false_alarms = negatives = onset_misses = onset_frames = 0
+    leads = []
+    for codes in sequences:
+        positive = (codes == MISS) | (codes == TRUE_POSITIVE)
+        misses += int((codes == MISS).sum())
+        positives += int(positive.sum())
+        false_alarms += int((codes == FALSE_ALARM).sum())
+        negatives += int(((codes == FALSE_ALARM) | (codes == TRUE_NEGATIVE)).sum())
+        for start, end in sign_events(positive):
+            missed = codes[start:end] == MISS
+            hit = np.flatnonzero(~missed)
+            leads.append(int(hit[0]) if hit.size else end - start)
+            onset_misses += int(missed[:onset].sum())
+            onset_frames += min(onset, end - start)
+    return {"events": len(leads), "miss_rate": misses / max(positives, 1),
+            "false_alarm_rate": false_alarms / max(negatives, 1), "late_frames_mean": float(np.mean(leads)),
+            "late_frames_max": max(leads, default=0), "onset_miss_rate": onset_misses / max(onset_frames, 1)}
+
+
+def variants_table(folders: list[Path], nn: str, onset: int) -> str:
+    rows, verdicts = {}, {}
+    for folder in folders:
+        variants = json.loads((folder / "variants.json").read_text())
+        nns = {meta["nn"] for meta in variants.values()}
+        with np.load(folder / "fidelity_residuals.npz") as npz:
+            for name, meta in variants.items():
+                if meta.get("nn") != nn or name in rows:
+                    continue
+                count = sum(1 for k in npz.files if k.startswith(f"{name}/residual/"))
+                rows[name] = onset_stats([npz[f"{name}/residual/{i}"] for i in range(count)], onset)
+        for path in sorted((folder / "closed_loop").glob("*.json")):
+            row = json.loads(path.read_text())
+            if all(row[other].endswith("-ref") for other in nns - {nn}):
+                verdicts.setdefault(row[nn], f"{row['failures']}/{row['runs']} failed, {row['verdict']}")
+    out = [f"| {nn} variant | sign events | miss rate | false-alarm rate | first detection, frames late (mean, max) | "
+           f"miss rate on each sign's first {onset} frames | closed loop, the other NNs the references |",
+           "|---|---|---|---|---|---|---|"]
+    for name, s in sorted(rows.items(), key=lambda kv: kv[1]["miss_rate"]):
+        out.append(f"| {name} | {s['events']} | {s['miss_rate']:.4f} | {s['false_alarm_rate']:.4f} | "
+                   f"{s['late_frames_mean']:.2f}, {s['late_frames_max']} | {s['onset_miss_rate']:.3f} | "
+                   f"{verdicts.get(name, '-')} |")
+    return "\n".join(out)
+
+
+def why(folder: Path, config: int, spec_path: Path, cache: Path, nn: str, passing: int, debounce: int) -> str:
+    """Part 2: the failing runs' QoS metrics, and the variant's first detections on their seeds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fidelity_closed_loop import InLoopNN, build_variants, configurations_of
+
+    from qaopt.closed_loop import VALIDATION_SEED_BASE
+    from qaopt.spec import load_spec
+    from qaopt.spec_adapter import make_evaluator
+
+    row = json.loads((folder / "closed_loop" / f"{config}.json").read_text())
+    metrics = row["metrics"]
+    failing = [i for i, v in enumerate(row["qos"]) if v > 0]
+    ok = [i for i, v in enumerate(row["qos"]) if v == 0][:passing]
+    out = [f"Configuration {config} ({', '.join(f'{k} {v}' for k, v in row.items() if isinstance(v, str) and k != 'verdict')}): "
+           f"{row['failures']}/{row['runs']} runs failed", "",
+           "| run | " + " | ".join(m for m in metrics if m != "violations") + " |",
+           "|---|" + "---|" * (len(metrics) - 1)]
+    out += [f"| {i} | " + " | ".join(f"{metrics[m][i]:.3g}" for m in metrics if m != "violations") + " |" for i in failing]
+    spec = load_spec(spec_path)
+    tables, _ = configurations_of(spec)
+    variant = row[nn]
+    reference = {n: next(k for k in tables[n] if k.endswith("-ref")) for n in tables}
+    built, _ = build_variants(spec, tables, cache, "cpu", {variant, *reference.values()}, 0, lambda _: None)
+    steering = {n: InLoopNN(built[v]["cand"], "cpu") for n, v in reference.items()}
+    detector = InLoopNN(built[variant]["cand"], "cpu")
+    evaluator = make_evaluator(spec)
+    out += ["", f"Each run's seed driven with the reference NNs steering (450 steps), and {variant} on its frames: "
+            f"how many frames into each sign its first {debounce} detections in a row begin, the streak the car acts on "
+            "(the reference's in brackets)", "",
+            "| run | closed loop | signs | acted-on streak begins, frames into each sign |", "|---|---|---|---|"]
+    for label, runs in (("failed", failing), ("passed", ok)):
+        recording = evaluator.record_perception(steering, [VALIDATION_SEED_BASE + i for i in runs], 450)[nn]
+        x, truth = np.asarray(recording.inputs), np.asarray(recording.truth)[:, 0] >= 0.5
+        ours, theirs = (np.asarray(f(x)).reshape(-1) >= 0.5 for f in (detector, steering[nn]))
+        for run, seq in zip(runs, recording.sequences, strict=True):
+            seq = np.asarray(seq)
+            late = []
+            for start, end in sign_events(truth[seq]):
+                firsts = [acted_on(d[seq][start:end], debounce) for d in (ours, theirs)]
+                late.append(f"{firsts[0]} ({firsts[1]})")
+            out.append(f"| {run} | {label} | {len(late)} | {', '.join(late)} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--closed-loop", type=Path, nargs="+", required=True)
+    ap.add_argument("--nn", default="stop")
+    ap.add_argument("--onset", type=int, default=5, help="frames at each sign's start the onset miss rate counts")
+    ap.add_argument("--why", type=Path, default=None)
+    ap.add_argument("--config", type=int, default=26)
+    ap.add_argument("--spec", type=Path, default=Path("examples/lanekeep.yaml"))
+    ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument("--passing", type=int, default=10, help="passing runs to drive beside the failing ones")
+    ap.add_argument("--debounce", type=int, default=2, help="detections in a row the car acts on (the spec's "
+                    "evaluator.simulator.params.stack.debounce_frames; LaneKeep's default 2)")
+    args = ap.parse_args()
+    print(variants_table(args.closed_loop, args.nn, args.onset))
+    if args.why is not None:
+        if args.cache_dir is None:
+            ap.error("--why needs --cache-dir (the ground truth's cache, where its variants are built)")
+        print()
+        print(why(args.why, args.config, args.spec, args.cache_dir, args.nn, args.passing, args.debounce))
+
+
+if __name__ == "__main__":
+    main()

@@ -40,6 +40,13 @@ def test_fresh_seeds_accept_only_the_chosen_configuration():
     assert real_result.real_result(_result(), SPEC)["acceptance_seeds"] == "selection"
 
 
+def test_a_baseline_the_tolerance_test_could_not_resolve_is_named_in_the_figures():
+    assert real_result.real_result(_result(), SPEC)["agnostic_unresolved"] == {}
+    unresolved = {"distance": {"trial": 30, "data_needed": 3.4}}
+    figures = real_result.real_result(_result(agnostic_rule={"unresolved": unresolved}), SPEC)
+    assert figures["agnostic_unresolved"] == unresolved
+
+
 def test_a_rebuilt_configuration_is_in_the_region_only_by_its_rebuilt_errors():
     assert real_result.real_result(_result(), SPEC)["validated_in_region"] is True
     left = real_result.real_result(_result(rebuilt=[{"trial": 7, "feasible": False}]), SPEC)

@@ -63,8 +63,7 @@ def onset_stats(sequences: list[np.ndarray], onset: int, debounce: int = 2) -> d
             lead_in = min(EARLY, start)
             offsets.append(acted_on(detected[start - lead_in:end], debounce) - lead_in)
             missed = codes[start:end] == MISS
-            hit = np.flatnonzero(~missed)
-            leads.append(int(hit[0]) if hit.size else end - start)
+            leads.append(acted_on(~missed, 1))  # the first detection
             onset_misses += int(missed[:onset].sum())
             onset_frames += min(onset, end - start)
     return {"events": len(leads), "miss_rate": misses / max(positives, 1),

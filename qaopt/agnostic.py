@@ -255,11 +255,10 @@ def winner(study: optuna.Study) -> Configuration | None:
     return min(measured, key=lambda c: c.latency_ms, default=None)
 
 
-def unresolved_trial(unit: Unit, study: optuna.Study) -> UnresolvedTrial | None:
-    """The unit's trial faster than its winner (by its untuned estimate) whose every NN erred inside its bound by the
-    point excess, at least one rejected on the upper bound alone, that the least extra validation data would decide;
-    ``None`` when there is none (the winner is not the test's artefact)."""
-    best = winner(study)
+def unresolved_trial(unit: Unit, study: optuna.Study, best: Configuration | None) -> UnresolvedTrial | None:
+    """The unit's trial faster than its winner ``best`` (by its untuned estimate) whose every NN erred inside its bound
+    by the point excess, at least one rejected on the upper bound alone, that the least extra validation data would
+    decide; ``None`` when there is none (the winner is not the test's artefact)."""
     baseline = best.latency_ms if best is not None else None
     found: UnresolvedTrial | None = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -338,8 +337,10 @@ def search_agnostic(ctx: SearchContext, storage: BaseStorage, region: RegionSour
     done = [0]
     events.progress(completed=0, total=len(units) * ctx.plan.trials)
     studies = {unit: run_unit(ctx, unit, storage, events, done) for unit in units}
-    chosen = combine(ctx, {u: winner(s) for u, s in studies.items()}, region)
-    unresolved = {unit_label(u): found for u, s in studies.items() if (found := unresolved_trial(u, s)) is not None}
+    winners = {u: winner(s) for u, s in studies.items()}
+    chosen = combine(ctx, winners, region)
+    unresolved = {unit_label(u): found for u, s in studies.items()
+                  if (found := unresolved_trial(u, s, winners[u])) is not None}
     for found in unresolved.values():
         events.note(found.describe())
     return AgnosticSearch(

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qaopt.app_spec import QaoptError, store
+from qaopt.tolerance import PRACTICAL_DATA_FACTOR
 
 Schedule = Literal["sequential", "parallel"]
 
@@ -375,10 +376,13 @@ class UnresolvedTrial(_Model):
         baseline = (f"its winner's {self.baseline_ms:.3g} ms" if self.baseline_ms is not None
                     else "no candidate within tolerance")
         where = " and ".join(f"nns.{n}" for n in self.judged)
-        return (f"agnostic {self.unit}: trial {self.trial} (about {self.quick_ms:.3g} ms untuned, against {baseline}) "
+        head = (f"agnostic {self.unit}: trial {self.trial} (about {self.quick_ms:.3g} ms untuned, against {baseline}) "
                 f"erred inside the bound by its point error, but the validation data cannot show it at the rule's "
-                f"confidence ({excesses}); about {self.data_needed:.1f}x the validation frames would decide it: more "
-                f"validation sequences in {where}.data, or a wider agnostic_tolerance there")
+                f"confidence ({excesses}); about {self.data_needed:.3g}x the validation frames would decide it")
+        if self.data_needed <= PRACTICAL_DATA_FACTOR:
+            return f"{head}: more validation sequences in {where}.data, or a wider agnostic_tolerance there"
+        return (f"{head}, more than any practical amount (its point error sits at the bound): only a wider "
+                f"agnostic_tolerance in {where} would admit it")
 
 
 class AgnosticRule(_Model):

@@ -37,7 +37,7 @@ A test at a bound is only as sharp as its data. A candidate whose point excess i
 bound but whose upper bound is not is **unresolved** (:attr:`Judgement.unresolved`): the
 validation set cannot tell it from one outside. The interval's half-width shrinks with the
 square root of the data, so :meth:`Judgement.data_needed` says how many times the validation
-frames would resolve it. Where every candidate is unresolved or outside, the baseline is the
+frames would resolve it; past :data:`PRACTICAL_DATA_FACTOR` times, only a wider bound would. Where every candidate is unresolved or outside, the baseline is the
 reference itself and "aware over agnostic" measures aware over uncompressed: the result and
 report say so, naming the NN's data and tolerance as the fix (:mod:`qaopt.agnostic`).
 """
@@ -64,6 +64,10 @@ BLOCK_FRAMES = 25
 over which one drive's consecutive frames err alike."""
 BOOTSTRAP_SEED = 0
 """The resampling's seed: a candidate's verdict is the same in every run and every worker."""
+PRACTICAL_DATA_FACTOR = 100.0
+"""Past this many times the validation data, more data is no fix a user can make: a candidate whose point excess sits
+that close to its bound (session 28's ResNet-18 distance trial needed about 75,000x) is decided only by the bound
+itself, and the advice says so (``UnresolvedTrial.describe``)."""
 
 
 RULE = (f"an NN is within tolerance when the upper {CONFIDENCE:.0%} confidence bound of its error's excess over the "

@@ -166,3 +166,23 @@ def test_a_trial_only_the_test_rejected_is_reported_with_the_data_that_would_dec
     # Resumed, the trials' own records give the same report.
     again = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
     assert again.unresolved == found.unresolved
+
+
+def test_an_unresolved_trial_past_any_practical_data_is_told_to_widen_the_bound_only():
+    """Session 28's ResNet-18 distance trial sat at its bound (point excess +0.000370, allowed 0.000372): about 75,000x
+    the validation frames would decide it. "More validation sequences" is then no advice; only the bound is."""
+    from qaopt.result import ExcessJudged, UnresolvedTrial
+    from qaopt.tolerance import PRACTICAL_DATA_FACTOR
+
+    def trial(excess: float) -> UnresolvedTrial:
+        judged = ExcessJudged(excess=excess, ucb=0.0011, allowed=0.000372, frames=1920, blocks=96)
+        needed = ((judged.ucb - excess) / (judged.allowed - excess)) ** 2
+        return UnresolvedTrial(unit="distance", trial=3, params={}, quick_ms=3.92, baseline_ms=5.11,
+                               judged={"distance": judged}, data_needed=needed)
+
+    near, at_bound = trial(0.0), trial(0.0003695)
+    assert near.data_needed <= PRACTICAL_DATA_FACTOR < at_bound.data_needed
+    assert "more validation sequences in nns.distance.data" in near.describe()
+    text = at_bound.describe()
+    assert "more validation sequences" not in text and "agnostic_tolerance in nns.distance" in text
+    assert "more than any practical amount" in text

@@ -23,11 +23,17 @@ fastest dtype, merged. So each study starts from informed trials:
    separate layout nothing to build.
 
 Two informed configurations are enqueued right after the reference: the cheapest one
-the walks found inside the region, and the dearest one they found there (walks consider
-only what is estimated faster than the reference, which is trial 0), whose milder
-knobs make it the one to fall back on when closed-loop runs reject the cheapest (the
-region is a model of the application; validation takes the fastest configuration that
-passes, so a fallback that is already built and measured costs one cached trial). A
+the walks found inside the region, and a milder one to fall back on when closed-loop runs
+reject the cheapest (the region is a model of the application; validation takes the
+fastest configuration that passes, so a fallback that is already built and measured costs
+one cached trial). The fallback must run other weights than the cheapest, not only another
+precision of them: the same NN in fp32 or int8 fails the same closed-loop runs (CropFollow's
+quick runs of sessions 24, 26 and 28: the merged NN at a reduced input failed one of six
+runs in both precisions, and the run fell back to the unmerged pair). So it is the dearest
+one the walks found whose knobs other than precision differ from the cheapest's, else the
+cheapest's layout and precisions with no other knob (the merged NN at full resolution),
+when that is inside the region; walks consider only what is estimated faster than the
+reference, which is trial 0. A
 probe the screening found slower than the reference on every unit is not tried as a
 trial. Then comes the application-agnostic choice (:func:`configuration_params`): it is inside the
 aware study's space and usually inside the region, so the aware study always measures it, and its front
@@ -206,7 +212,16 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
         joints.append([(sum(e for e, _ in parts), {u: c for u, (_, c) in zip(layout, parts, strict=True)})
                        for parts in itertools.product(*options)])
     reference_ms = sum(screening.reference_ms[u] for u in layouts[0])
-    chosen = cheapest_and_fallback(joints, feasible, ceiling=reference_ms)
+    precisions = {u: plan.knob_spaces[u.nn].probes(alone=True) for u in units}
+
+    def weights(choice: Mapping[Unit, tuple[Probe, ...]]) -> list:
+        return [(u, [p for p in combo if p not in precisions[u]]) for u, combo in choice.items()]
+
+    def precision_only(choice: Mapping[Unit, tuple[Probe, ...]]) -> tuple[float, dict[Unit, tuple[Probe, ...]]]:
+        mild = {u: tuple(p for p in combo if p in precisions[u]) for u, combo in choice.items()}
+        return sum(screening.estimate(u, c) for u, c in mild.items()), mild
+
+    chosen = cheapest_and_fallback(joints, feasible, ceiling=reference_ms, weights=weights, relaxed=precision_only)
     if not chosen:
         note(f"aware: no combination of probes estimated faster than the reference and inside the study's bounds "
              f"within {WALK_BUILDS} builds per layout; the search starts from the reference")
@@ -218,19 +233,28 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
 
 
 def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasible: Callable[[Any], bool],
-                          ceiling: float = math.inf) -> list[tuple[float, Any]]:
+                          ceiling: float = math.inf, weights: Callable[[Any], Any] = lambda option: option,
+                          relaxed: Callable[[Any], tuple[float, Any]] | None = None) -> list[tuple[float, Any]]:
     """Walk each layout's ``(estimated ms, option)`` list, the layout with the cheapest option first, each walk
     given only the options estimated below ``ceiling`` (the reference: an option no faster is no trial worth
-    enqueueing, not even as the fallback) and below the cheapest found so far; then the cheapest found and, when
-    it is another, the dearest found (the milder fallback). Empty when no walk found one."""
+    enqueueing, not even as the fallback) and below the cheapest found so far; then the cheapest found and a
+    fallback whose ``weights`` differ from its: the dearest found, else ``relaxed(cheapest)`` when it is estimated
+    below ``ceiling`` and ``feasible``. Empty when no walk found one."""
     found: list[tuple[float, Any]] = []
     for joint in sorted(joints, key=lambda j: min((e for e, _ in j), default=math.inf)):
         bound = min((e for e, _ in found), default=ceiling)
         found += walk([o for o in joint if o[0] < bound], feasible)
     if not found:
         return []
-    cheapest, dearest = min(found, key=lambda f: f[0]), max(found, key=lambda f: f[0])
-    return [cheapest] + ([dearest] if dearest is not cheapest else [])
+    cheapest = min(found, key=lambda f: f[0])
+    others = [f for f in found if weights(f[1]) != weights(cheapest[1])]
+    if others:
+        return [cheapest, max(others, key=lambda f: f[0])]
+    if relaxed is not None:
+        mild = relaxed(cheapest[1])
+        if mild[0] < ceiling and weights(mild[1]) != weights(cheapest[1]) and feasible(mild[1]):
+            return [cheapest, mild]
+    return [cheapest]
 
 
 def precision_trials(reference: Mapping[str, Any], knobs: Mapping[str, Knobs], probes: Mapping[str, Sequence[Probe]],

@@ -131,6 +131,33 @@ def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallbac
     assert all(o[1] < 5 for o in tried)
 
 
+def test_the_fallback_runs_other_weights_than_the_cheapest_not_another_precision_of_them():
+    """CropFollow's quick runs (sessions 24, 26, 28): the walks found the merged NN at a reduced input in two
+    precisions, and both failed the same closed-loop run. A fallback of the same weights is no fallback: the dearest
+    find with other weights is, else the cheapest's precisions alone (the merged NN at full resolution)."""
+    # An option: (scale, dtype); its weights are its scale.
+    options = [(1.0, (0.5, "int8")), (2.0, (0.5, "fp32")), (3.0, (0.75, "int8")), (6.0, (1.0, "int8"))]
+
+    def weights(option):
+        return option[0]
+
+    def relaxed(option):
+        return 4.0, (1.0, option[1])
+
+    inside = {(0.5, "int8"), (0.5, "fp32"), (1.0, "int8")}
+    chosen = cheapest_and_fallback([options], lambda o: o in inside, weights=weights, relaxed=relaxed)
+    assert chosen == [(1.0, (0.5, "int8")), (4.0, (1.0, "int8"))], "not (0.5, fp32): the same weights"
+    # The relaxed option is enqueued only inside the region and below the reference.
+    assert cheapest_and_fallback([options], lambda o: o in inside - {(1.0, "int8")}, weights=weights,
+                                 relaxed=relaxed) == [(1.0, (0.5, "int8"))]
+    assert cheapest_and_fallback([options], lambda o: o in inside, ceiling=3.5, weights=weights,
+                                 relaxed=relaxed) == [(1.0, (0.5, "int8"))]
+    # A find with other weights is preferred to the relaxed option.
+    options = [(1.0, (0.5, "int8")), (2.0, (0.75, "int8")), (3.0, (0.5, "fp32")), (6.0, (1.0, "int8"))]
+    assert cheapest_and_fallback([options], lambda o: True, weights=weights,
+                                 relaxed=relaxed) == [(1.0, (0.5, "int8")), (2.0, (0.75, "int8"))]
+
+
 def test_each_precision_alone_is_a_trial_apart_and_then_on_each_merged_nn():
     from qaopt.plan import MergePlan
     from qaopt.seeding import precision_trials

@@ -28,7 +28,7 @@ class Profile(BaseModel):
 
 
 PROFILES: dict[str, Profile] = {
-    # Finishes the shipped example in <= 15 minutes on a 2-core CPU: few trials, fine-tuning
+    # Finishes the shipped example in about 15 minutes on a 2-core CPU (session 28): few trials, fine-tuning
     # capped at 160 steps, untuned kernels, and a short closed-loop check of the winner. The cap
     # is what lets a scaled NN keep its accuracy: CropFollow's merged NN at input scale 0.5, int8,
     # erred distance L1 0.051 after 40 distillation steps (an earlier quick run) and 0.043 after

@@ -37,9 +37,10 @@ A test at a bound is only as sharp as its data. A candidate whose point excess i
 bound but whose upper bound is not is **unresolved** (:attr:`Judgement.unresolved`): the
 validation set cannot tell it from one outside. The interval's half-width shrinks with the
 square root of the data, so :meth:`Judgement.data_needed` says how many times the validation
-frames would resolve it; past :data:`PRACTICAL_DATA_FACTOR` times, only a wider bound would. Where every candidate is unresolved or outside, the baseline is the
-reference itself and "aware over agnostic" measures aware over uncompressed: the result and
-report say so, naming the NN's data and tolerance as the fix (:mod:`qaopt.agnostic`).
+frames would resolve it; past :data:`PRACTICAL_DATA_FACTOR` times, only a wider bound would.
+Where every candidate is unresolved or outside, the baseline is the reference itself and
+"aware over agnostic" measures aware over uncompressed: the result and report say so,
+naming the NN's data and tolerance as the fix (:mod:`qaopt.agnostic`).
 """
 
 from __future__ import annotations

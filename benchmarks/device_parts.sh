@@ -7,12 +7,15 @@
 #             them), split in two parts, one per call: .tvm-parts/1 and .tvm-parts/2, then on the device
 #             `gpu_device.sh tvm-part` in the first call and `tvm-part tvm-install` in the second
 #             (docs/BENCHMARKS.md, "TVM's CUDA target")
+#   wheels    what `pip install -e .` needs there beside the machine's own packages (optuna, pydantic, SQLAlchemy,
+#             gymnasium, torch-pruning, mcap, ... and setuptools and wheel for pip's isolated build), at the versions
+#             constraints.txt pins: .whl/ (about 17 MB), carried by every call that runs `gpu_device.sh install`
 #   openvino  OpenVINO 2026.4 (59 MB wheel) without the GPU and NPU plugins and the TensorFlow, TF Lite, Paddle,
 #             JAX and GGUF frontends (qaopt hands OpenVINO ONNX graphs and reads IR): .ov-parts/ (23 MB), carried
 #             with .whl in one call, then `gpu_device.sh install ov-install` (docs/BENCHMARKS.md, "The real
 #             result: ResNet-18 CropFollow on a pinned 2-thread CPU target")
 #
-#   bash benchmarks/device_parts.sh tvm openvino
+#   bash benchmarks/device_parts.sh wheels tvm openvino
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -23,6 +26,18 @@ download() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$work/wheels" "$@"
+}
+
+# The device image's packages (the device README's list) lack these of qaopt's requirements and their own, pinned
+# as constraints.txt pins them; pip's isolated build of `-e .` also needs the build tools, which pip freeze leaves
+# out of constraints.txt, so they are pinned here.
+DEVICE_MISSING="torch-pruning optuna alembic colorlog Mako SQLAlchemy gymnasium Farama-Notifications pydantic
+pydantic_core annotated-types typing-inspection typing_extensions mcap mcap-ros2-support lz4 zstandard"
+BUILD_TOOLS="setuptools==84.2.1 wheel==0.48.0"
+
+# pinned NAME: the line NAME==VERSION of constraints.txt.
+pinned() {
+  grep -i -m1 "^$1==" constraints.txt || { echo "device_parts.sh: constraints.txt pins no '$1'" >&2; exit 2; }
 }
 
 # unpack PREFIX: the wheel named PREFIX-*.whl unzipped into a fresh $work/site and removed from $work/wheels.
@@ -38,6 +53,13 @@ ignored() {
 for engine in "$@"; do
   rm -rf "$work/wheels"
   case $engine in
+    wheels)
+      ignored .whl
+      specs=($BUILD_TOOLS)
+      for name in $DEVICE_MISSING; do specs+=("$(pinned "$name")"); done
+      rm -rf .whl && mkdir -p "$work/wheels" && download "${specs[@]}" && mv "$work/wheels" .whl
+      du -sh .whl
+      ;;
     tvm)
       ignored .tvm-parts
       download apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post0 xgboost-cpu==3.2.0 cloudpickle==3.1.3 \
@@ -61,6 +83,6 @@ for engine in "$@"; do
       mv "$work"/wheels/* .ov-parts/
       du -sh .ov-parts
       ;;
-    *) echo "unknown engine '$engine' (tvm, openvino)"; exit 2 ;;
+    *) echo "unknown engine '$engine' (wheels, tvm, openvino)"; exit 2 ;;
   esac
 done

@@ -49,6 +49,10 @@
 #            background; it saves its resumable state every 2 minutes to $BG/real/state.tar.gz, which `progress`
 #            copies into $OUT (real-state.tar.gz). On a fresh machine, carry the last one as
 #            .device-snapshots/real-state.tar.gz and `real` resumes from it.
+#   scenes   benchmarks/scene_failures.py on the real result's state (the running one's, else the carried
+#            snapshot) with the same spec fields and --reference: which selection seeds the validated configurations'
+#            real NNs failed, whether perfect NNs, their injected errors and the reference NNs fail them too
+#            ($OUT/scene_failures_resnet18.json)
 #
 # Records land in $OUT (install.json, quick.json, latency.json and the logs). Each step resumes what an
 # earlier call on the same warm machine left (the install, the run's caches).
@@ -76,6 +80,13 @@ REAL_SET=${QAOPT_REAL_SET:-"target.backend=auto target.backends=[openvino,onnxru
 approximations.all.quantization.dtypes=[fp32,bf16,int8] nns.heading.data.args.val_drives=48 \
 nns.distance.data.args.val_drives=48"}
 mkdir -p "$OUT" "$BG"
+
+# real_sets: $REAL_SET as the array `sets` of --set arguments (split on spaces, no globbing: a value may hold brackets).
+real_sets() {
+  local fields field
+  read -ra fields <<< "$REAL_SET"
+  sets=(); for field in "${fields[@]}"; do sets+=(--set "$field"); done
+}
 
 # A default run's spec, run folder, GPU and cores: $1 is compact or resnet18.
 placement() {
@@ -210,15 +221,20 @@ for step in "$@"; do
       if [ -f .device-snapshots/real-state.tar.gz ] && [ ! -f "$BG/real/state.tar.gz" ]; then
         cp .device-snapshots/real-state.tar.gz "$BG/real/state.tar.gz"
       fi
-      read -ra fields <<< "$REAL_SET"  # split on spaces, no globbing: a value may hold brackets
-      sets=(); for field in "${fields[@]}"; do sets+=(--set "$field"); done
+      real_sets
       setsid nohup "$PY" benchmarks/real_result.py --spec examples/cropfollow-resnet18.yaml --estimator ekf \
         "${sets[@]}" --out "$BG/real" --state "$BG/real/state.tar.gz" --json "$BG/real/real_result.json" \
         >> "$BG/real.log" 2>&1 < /dev/null &
       echo "real: started (${sets[*]})"
       ;;
+    scenes)
+      real_sets
+      state="$BG/real/state.tar.gz"; [ -f "$state" ] || state=.device-snapshots/real-state.tar.gz
+      "$PY" benchmarks/scene_failures.py --state "$state" --spec examples/cropfollow-resnet18.yaml --estimator ekf \
+        "${sets[@]}" --workers "$(nproc)" --reference --json "$OUT/scene_failures_resnet18.json" 2>&1 | tail -30
+      ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
             "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18, tvm-part, tvm-install,"\
-            "reference-tvm, ov-install, real)"; exit 2 ;;
+            "reference-tvm, ov-install, real, scenes)"; exit 2 ;;
   esac
 done

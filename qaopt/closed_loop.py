@@ -19,7 +19,7 @@ in-search check) reuses the blocks a shorter one ran.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -139,6 +139,7 @@ def validate_closed_loop(
     on_block: Callable[[BlockProgress], None] | None = None,
     cache: BlockCache[list[Mapping[str, float]]] | None = None,
     limits: RunLimits = RunLimits(),
+    first_seeds: Collection[int] = (),
 ) -> Validation:
     """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them by ``goal`` and the acceptance ``test``.
 
@@ -157,22 +158,27 @@ def validate_closed_loop(
     of these NNs) keeps every finished block and serves those it holds without running them.
     ``limits`` bound each call of the application; one that raises, hangs or returns garbage
     stops the validation with :class:`~qaopt.calibrate.app_calls.ApplicationFault` and its
-    block is not stored.
+    block is not stored. The blocks holding any of ``first_seeds`` (seeds on which other configurations failed)
+    run first: a configuration that fails the same scene stops after one block instead of several. Whether it is
+    accepted is the same in any order: acceptance needs every planned run, and an early stop only rejects.
     """
     check_method(evaluator, "evaluate_perception")
     rule = StopRule(test, runs)
     records: list[Mapping[str, float]] = []
+    seeds_run: list[int] = []
     failures = 0
     where = f"closed-loop validation of {'the reference NNs' if trial is None else f'trial {trial}'}"
+    planned = validation_blocks(runs, test.min_trials, seed_base, first=first_seeds)
     blocks = run_blocks(
-        validation_blocks(runs, test.min_trials, seed_base),
+        planned,
         partial(run_perception_seeds, evaluator, dict(nns), limits, goal.metric, render_threads=threads),
         partial(_joined, where), executor=executor, width=workers_of(executor, workers), chunk=RUN_CHUNK,
         remote=partial(run_perception_block, remote if remote is not None else Given(evaluator), dict(nns), limits,
                        goal.metric, render_threads=threads), cache=cache)
     try:
-        for block in blocks:
+        for seeds, block in zip(planned, blocks):
             records += block
+            seeds_run += seeds
             failures += sum(not goal.passes(r[goal.metric]) for r in block)
             shown, stop = rule.after(failures, len(records))
             if on_block is not None:
@@ -192,7 +198,7 @@ def validate_closed_loop(
         region_predicted_valid=region_predicted_valid,
         qos_metric_mean=float(np.mean([r[goal.metric] for r in records])),
         seed_base=seed_base,
-        **run_metrics(records, seed_base, goal),
+        **run_metrics(records, seeds_run, goal),
     )
 
 
@@ -203,9 +209,12 @@ runs, the same split whatever the number of workers, so runs and verdicts do not
 per task costs no more CPU than a batch of them (``benchmarks/validation_chunking.py``)."""
 
 
-def validation_blocks(runs: int, size: int, seed_base: int) -> list[list[int]]:
-    """The seeds of ``runs`` validation runs in blocks of ``size`` (the last one shorter when ``size`` does not divide ``runs``)."""
-    return [list(range(seed_base + s, seed_base + min(runs, s + size))) for s in range(0, runs, size)]
+def validation_blocks(runs: int, size: int, seed_base: int, first: Collection[int] = ()) -> list[list[int]]:
+    """The seeds of ``runs`` validation runs in blocks of ``size`` (the last one shorter when ``size`` does not divide
+    ``runs``), those holding any seed of ``first`` moved ahead of the others. Blocks keep their seeds whatever their
+    order, so each block's cached runs are found again."""
+    blocks = [list(range(seed_base + s, seed_base + min(runs, s + size))) for s in range(0, runs, size)]
+    return sorted(blocks, key=lambda seeds: not set(seeds) & set(first))
 
 
 VALIDATION_BLOCKS_VERSION = 1
@@ -255,8 +264,9 @@ def _joined(where: str, _seeds: list[int], tasks: list[Outcome]) -> list[Mapping
     return [r for task in tasks for r in task.result]
 
 
-def run_metrics(records: list[Mapping[str, float]], seed_base: int, goal: QoSGoal) -> dict:
-    """Each metric's mean, its value in the worst run, and a total for counts; and the worst run's seed.
+def run_metrics(records: list[Mapping[str, float]], seeds: Sequence[int], goal: QoSGoal) -> dict:
+    """Each metric's mean, its value in the worst run, and a total for counts; the worst run's seed and the failed
+    runs' seeds (``seeds``: each record's).
 
     A metric is a count when the evaluator reports it as an integer (collisions), or it is
     the QoS metric with a ``max`` and whole, non-negative values in every run (crashes as
@@ -265,7 +275,7 @@ def run_metrics(records: list[Mapping[str, float]], seed_base: int, goal: QoSGoa
     metric is furthest past (or nearest to) the goal.
     """
     if not records:
-        return {"metrics": {}, "worst_seed": None}
+        return {"metrics": {}, "worst_seed": None, "failed_seeds": []}
 
     def shortfall(r: Mapping[str, float]) -> float:
         v = float(r[goal.metric])
@@ -284,4 +294,5 @@ def run_metrics(records: list[Mapping[str, float]], seed_base: int, goal: QoSGoa
                         total=float(sum(r[name] for r in records)) if is_count(name) else None)
         for name in records[0]
     }
-    return {"metrics": metrics, "worst_seed": seed_base + worst}
+    failed = [seed for seed, r in zip(seeds, records) if not goal.passes(r[goal.metric])]
+    return {"metrics": metrics, "worst_seed": seeds[worst], "failed_seeds": failed}

@@ -507,7 +507,8 @@ def _validation_table(validations: list[Validation]) -> str:
                 continue
             shown = m.total if n in counted and m.total is not None else m.mean
             cells.append(f"{shown:.4g}" + (f" ({m.worst_run:.4g})" if m.worst_run is not None else ""))
-        rows.append(f"| {v.trial if v.trial is not None else v.label or 'reference'} | {seeds_of(v)} | {v.runs} | {v.passes} | {v.failures} | {v.verdict} | "
+        failed = f"{v.failures}" + (f" (seeds {', '.join(map(str, v.failed_seeds))})" if v.failed_seeds else "")
+        rows.append(f"| {v.trial if v.trial is not None else v.label or 'reference'} | {seeds_of(v)} | {v.runs} | {v.passes} | {failed} | {v.verdict} | "
                     f"{v.region_predicted_valid} | "
                     + " | ".join(cells) + " |")
     return "\n".join(rows)

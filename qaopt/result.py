@@ -152,6 +152,9 @@ class Validation(_Model):
         default_factory=dict, description="each metric the evaluator reports: its mean per run, its value in the worst "
         "run, and for counts (collisions, crashes) its total over the runs")
     worst_seed: int | None = Field(None, description="the seed of the run with the worst QoS metric value")
+    failed_seeds: list[int] = Field(default_factory=list, description=(
+        "the seeds of the runs that missed the QoS goal: the scenes that decided a rejection; empty before it was "
+        "recorded"))
     seed_base: int | None = Field(None, description=(
         "the first seed of its runs (seed_base, seed_base + 1, ...): the selection seeds of the checks and the "
         "front's validation, or the fresh acceptance seeds; None before it was recorded"))

@@ -598,19 +598,22 @@ def test_reference_is_validated_when_every_approximation_fails(tiny_run, monkeyp
     reference = result.reference.model_copy(update={"trial": None})
     approximated = result.reference.model_copy(update={
         "trial": 1, "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-1"}) for n, c in result.reference.nns.items()}})
-    validated = []
+    validated, first = [], []
 
-    def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, **_):
+    def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, first_seeds, **_):
         validated.append(trial)
+        first.append(list(first_seeds))
         fails = int(trial is not None)  # the approximation fails once; the reference never
         return Validation(trial=trial, runs=runs, passes=runs - fails, failures=fails, verdict="undecided", accepted=False,
-                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0)
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0,
+                          failed_seeds=[5_000_029] * fails)
 
     ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
     front = validation_stage.validate_front(ctx, [approximated], _calibrated(region, ctx), ClosedLoopEvidence(),
                                             reference)
     assert validated == [1, None] and front.chosen is None, "a configuration that failed a run is never the result"
     assert [v.trial for v in front.validations] == [1, None]
+    assert first == [[], [5_000_029]], "the reference runs the scene its approximation failed first"
 
     # A second run reads both from the cache, labelled with this run's trial numbers, and adds no evidence twice.
     validated.clear()

@@ -62,6 +62,34 @@ def test_failure_stops_validation_after_its_block():
     assert app.seeds == list(range(100, 100 + 2 * block))
 
 
+def test_seeds_that_failed_before_run_first_and_decide_the_same(tmp_path):
+    """A scene that failed another configuration runs in the first block: the same rejection costs one block."""
+    spec = _spec()
+    block = spec.qos.acceptance.min_trials
+    judge = (goal_of(spec), acceptance_of(spec))
+    hard = 100 + 3 * block + 5
+    natural = validate_closed_loop(ScriptedApp(failing={hard}), {}, *judge, 50, trial=1, region_predicted_valid=True,
+                                   seed_base=100)
+    assert (natural.runs, natural.failed_seeds, natural.worst_seed) == (4 * block, [hard], hard)
+
+    key = spec.content_hash("evaluator", "qos")
+    cache = ValidationBlocks.of(tmp_path, {"a": "pruned-1"}, key, judge[0])
+    app = ScriptedApp(failing={hard})
+    first = validate_closed_loop(app, {}, *judge, 50, trial=1, region_predicted_valid=True, seed_base=100,
+                                 first_seeds=[hard], cache=cache)
+    assert app.seeds == list(range(100 + 3 * block, 100 + 4 * block))  # only the failing scene's block ran
+    assert (first.runs, first.failures, first.failed_seeds, first.worst_seed, first.accepted) == (block, 1, [hard], hard,
+                                                                                                 False)
+    clean = ScriptedApp(failing=set())  # a configuration that passes the scene runs every block, the same verdict
+    v = validate_closed_loop(clean, {}, *judge, 50, trial=2, region_predicted_valid=True, seed_base=100,
+                             first_seeds=[hard])
+    assert (v.runs, v.failed_seeds, v.accepted) == (50, [], True) and sorted(clean.seeds) == list(range(100, 150))
+    assert clean.seeds[:block] == list(range(100 + 3 * block, 100 + 4 * block))
+    resumed = ScriptedApp(failing={hard})  # blocks keep their seeds in any order: the cached block is found again
+    assert validate_closed_loop(resumed, {}, *judge, 50, trial=1, region_predicted_valid=True, seed_base=100,
+                                cache=cache, first_seeds=[hard]) == first and resumed.seeds == []
+
+
 def test_too_few_runs_to_accept_still_run_all_unless_proven_invalid():
     spec = _spec()
     app = ScriptedApp(failing={100})

@@ -31,6 +31,7 @@ done of those planned and the verdict so far; each finished block is kept on dis
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -95,6 +96,9 @@ def validate_front(
     chosen = fallback = None
     can_accept = acceptable_failures(ctx.plan.application.acceptance, ctx.plan.validation_runs) >= 0
     validated: dict[str, int | None] = {}  # each NN set validated in this pass -> the trial that ran it
+    # Scenes that failed a configuration run first for the next: NNs of one lineage tend to fail the same scene
+    # (a real NN's error on a particular frame, which the region's injected errors cannot show).
+    failed_seeds: dict[int, None] = {}
     for searched in front:
         if len(validations) >= ctx.plan.validate_top:
             break
@@ -107,8 +111,9 @@ def validate_front(
                  "stands for it: not validated again")
             continue
         validated[nns] = config.trial
-        validation = validate_configuration(ctx, config, **run)
+        validation = validate_configuration(ctx, config, first_seeds=list(failed_seeds), **run)
         validations.append(validation)
+        failed_seeds.update(dict.fromkeys(validation.failed_seeds))
         grown = with_validation(evidence, calibrated.application, config, validation)
         if grown is not evidence:
             evidence = grown
@@ -123,7 +128,7 @@ def validate_front(
                      "configuration, so the slower ones are not validated")
                 break
     if chosen is None and fallback is None and validations:
-        validations.append(validate_configuration(ctx, reference, **run))
+        validations.append(validate_configuration(ctx, reference, first_seeds=list(failed_seeds), **run))
     return FrontValidation(validations, chosen or fallback, evidence)
 
 
@@ -152,7 +157,7 @@ AGNOSTIC_LABEL = "application-agnostic"
 def validate_configuration(
     ctx: SearchContext, config: Configuration, *, runs: int | None = None, executor: Executor | None = None,
     events: StageEvents | None = None, label: str = "", show_runs: bool = True, seed_base: int = VALIDATION_SEED_BASE,
-    configuration: str | None = None,
+    configuration: str | None = None, first_seeds: Collection[int] = (),
 ) -> Validation:
     """The closed-loop validation of one configuration, read from the cache when these NNs already ran on these seeds.
 
@@ -161,6 +166,7 @@ def validate_configuration(
     ``executor`` runs its blocks of runs (``None``: in this process); ``events`` gets a
     :class:`~qaopt.events.RunBlock` after each block (when ``show_runs``) and one line with the
     outcome, after ``label``. ``configuration`` names a configuration that is no trial (the agnostic baseline).
+    ``first_seeds`` are run first (:func:`~qaopt.closed_loop.validate_closed_loop`).
     """
     plan = ctx.plan
     app = plan.application
@@ -177,7 +183,7 @@ def validate_configuration(
     cached = store.read_model(path, Validation, VALIDATION_VERSION) or _read_version_1(path)
     if cached is not None:  # the same NNs validated by an earlier run or study: only the labels are this run's
         if events:
-            events.note(f"{label}{name}: {cached.verdict} after {cached.runs} runs, {cached.failures} failed (cached)")
+            events.note(f"{label}{name}: {cached.verdict} after {cached.runs} runs, {_failed(cached)} (cached)")
         return cached.model_copy(update={**labels, "label": configuration})
     candidates = ctx.candidates(config)
 
@@ -196,13 +202,20 @@ def validate_configuration(
     validation = validate_closed_loop(
         app.evaluator(), nns, app.goal, app.acceptance, runs,
         threads=plan.threads if executor is None else 1, on_block=show, cache=blocks, limits=app.limits,
-        seed_base=seed_base, **parallel, **labels,
+        seed_base=seed_base, first_seeds=first_seeds, **parallel, **labels,
     )
     validation = validation.model_copy(update={"label": configuration, "nns": _ran(config)})
     store.write_model(path, validation, VALIDATION_VERSION)
     if events:
-        events.note(f"{label}{name}: {validation.verdict} after {validation.runs} runs, {validation.failures} failed")
+        events.note(f"{label}{name}: {validation.verdict} after {validation.runs} runs, {_failed(validation)}")
     return validation
+
+
+def _failed(validation: Validation) -> str:
+    """``2 failed (seeds 5000003, 5000029)``: the failures and, where recorded, the scenes that decided them."""
+    seeds = validation.failed_seeds
+    named = f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})" if seeds else ""
+    return f"{validation.failures} failed{named}"
 
 
 def _read_version_1(path) -> Validation | None:

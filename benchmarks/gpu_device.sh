@@ -49,6 +49,10 @@
 #            background; it saves its resumable state every 2 minutes to $BG/real/state.tar.gz, which `progress`
 #            copies into $OUT (real-state.tar.gz). On a fresh machine, carry the last one as
 #            .device-snapshots/real-state.tar.gz and `real` resumes from it.
+#   merge-resnet18  benchmarks/merge_distillation.py on examples/cropfollow-resnet18.yaml, distilled on the GPU, each
+#            order of its merge group (which NN leads) for each of $QAOPT_MERGE_STEPS (default 300 1200 3000), 48
+#            closed-loop runs a variant on the cores, in the background (poll; collect brings
+#            merge/merge_distillation_resnet18_<order>.json and merge.log)
 #   scenes   benchmarks/scene_failures.py on the real result's state (the running one's, else the carried
 #            snapshot) with the same spec fields and --reference: which selection seeds the validated configurations'
 #            real NNs failed, whether perfect NNs, their injected errors and the reference NNs fail them too
@@ -67,7 +71,7 @@ RUN=examples/runs/cropfollow-gpu
 BG=/tmp/qaopt-gpu-bg
 # A default run, or the latency step that follows it. The brackets keep pgrep from matching a command line that only
 # names the pattern (the device call's own shell, a poll loop's).
-RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency|[r]eal_result.py"
+RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency|[r]eal_result.py|[m]erge_distillation.py"
 TVM_SITE=/tmp/tvm-site OV_SITE=/tmp/ov-site
 # TVM and OpenVINO, where tvm-install and ov-install put them (the machine's Python has neither: they come carried).
 [ -d "$TVM_SITE/tvm" ] && export PYTHONPATH=$TVM_SITE${PYTHONPATH:+:$PYTHONPATH}
@@ -156,6 +160,7 @@ for step in "$@"; do
       for log in "$BG/quick/quick.log" "$BG/quick-bg.log"; do
         [ -f "$log" ] && { echo "== $log"; tail -c 1500 "$log" | tr '\r' '\n' | tail -12; }
       done
+      [ -f "$BG/merge.log" ] && { echo "== merge"; tail -c 1500 "$BG/merge.log" | tr '\r' '\n' | tail -12; }
       if [ -f "$BG/real.log" ]; then
         echo "== real"; tail -c 1500 "$BG/real.log" | tr '\r' '\n' | tail -12
         [ -f "$BG/real/state.tar.gz" ] && cp "$BG/real/state.tar.gz" "$OUT/real-state.tar.gz"
@@ -176,8 +181,9 @@ for step in "$@"; do
       done
       ;;
     collect)
-      # The real result's run folder and cache stay (candidates of 45 MB): its figures, log, report and state come.
-      (cd "$BG" && tar cf - --exclude=./real . | tar xf - -C "$OUT")
+      # The real result's run folder and cache stay (candidates of 45 MB), as do the merge variants' caches: its
+      # figures, log, report and state come, and the variants' figures.
+      (cd "$BG" && tar cf - --exclude=./real --exclude='./merge/cache-*' . | tar xf - -C "$OUT")
       if [ -d "$BG/real" ]; then
         mkdir -p "$OUT/real"
         cp "$BG/real/real_result.json" "$BG/real/run/result.json" "$BG/real/run/report.md" "$OUT/real/" 2>/dev/null
@@ -227,6 +233,17 @@ for step in "$@"; do
         >> "$BG/real.log" 2>&1 < /dev/null &
       echo "real: started (${sets[*]})"
       ;;
+    merge-resnet18)
+      # Each order of the ResNet-18 spec's merge group, distilled on the GPU for each of $QAOPT_MERGE_STEPS, 48
+      # closed-loop runs each on the cores (variants kept in $BG/merge: a later call resumes), in the background.
+      mkdir -p "$BG/merge"
+      setsid nohup bash -c 'for order in "heading distance" "distance heading"; do
+          "$0" benchmarks/merge_distillation.py --spec examples/cropfollow-resnet18.yaml --order $order \
+            --steps $1 --runs 48 --workers "$(nproc)" --cache-dir "$2/merge/cache-${order// /-}" \
+            --json "$2/merge/merge_distillation_resnet18_${order// /-}.json"
+        done' "$PY" "${QAOPT_MERGE_STEPS:-300 1200 3000}" "$BG" >> "$BG/merge.log" 2>&1 < /dev/null &
+      echo "merge-resnet18: started (steps ${QAOPT_MERGE_STEPS:-300 1200 3000})"
+      ;;
     scenes)
       real_sets
       state="$BG/real/state.tar.gz"; [ -f "$state" ] || state=.device-snapshots/real-state.tar.gz
@@ -235,6 +252,6 @@ for step in "$@"; do
       ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
             "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18, tvm-part, tvm-install,"\
-            "reference-tvm, ov-install, real, scenes)"; exit 2 ;;
+            "reference-tvm, ov-install, real, scenes, merge-resnet18)"; exit 2 ;;
   esac
 done

@@ -1,15 +1,17 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
-        [--precision auto] [--workers 2] [--spec examples/cropfollow.yaml] [--cache-dir DIR]
-        [--json docs/benchmarks/merge_distillation.json]
+        [--precision auto] [--device auto] [--order NN ...] [--workers 2] [--spec examples/cropfollow.yaml]
+        [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
 the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
 fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is), trained in ``--precision`` (``auto``:
 what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision, so give a
-cache that does not hold that merged NN yet); measures each member's error on its
+cache that does not hold that merged NN yet) on ``--device`` (``auto``: where ``qaopt optimize`` trains,
+``training.device``, so a GPU distils the ResNet-18 spec's merge), with its members in ``--order`` (default the
+spec's; the first listed leads on equal MACs: ``docs/knobs.md``, "Which NN leads"); measures each member's error on its
 own validation data against its reference NN's; and runs the merged NN in the closed loop: ``--runs`` seeded runs
 of the spec's run length, the seeds ``qaopt optimize``'s validation draws, judged with the spec's acceptance test
 on the fixed set of runs. Each finished variant is kept in ``<cache>/merge_distillation/`` and skipped on a re-run
@@ -56,16 +58,17 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     merge = spec.search.merge[0]
     # The members as qaopt optimize builds them: with on-policy error data (LaneKeep) their data, and so the merged
     # NN's cache key and distillation seed, are the recordings', not the dataset's.
-    nns = target_nns(spec, Path(cache), merge.nns)
-    group = MergeGroup(tuple(nns[n] for n in merge.nns), steps)
+    order = args.order or merge.nns
+    nns = target_nns(spec, Path(cache), order)
+    group = MergeGroup(tuple(nns[n] for n in order), steps)
     lead = group.lead().name
     base = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")
     reference = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, recipe=recipe,
-                          onnx=kernels.onnx).error
+                          onnx=kernels.onnx, device=args.device).error
                  for n, t in nns.items()}
     knobs = base.model_copy(update={"input_scale": args.scale, "finetune_steps": args.adapt})
     start = time.perf_counter()
-    views = build_merged(group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx,
+    views = build_merged(group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx, device=args.device,
                          progress=lambda message: print(f"  {message}", flush=True))
     build_s = time.perf_counter() - start
     print(f"{steps} steps: " + ", ".join(f"{n} {v.error:.4g} ({v.error / reference[n]:.3f}x)" for n, v in views.items())
@@ -91,9 +94,10 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
 
 
 def variant(steps: int, args: argparse.Namespace, precision: str) -> str:
-    """The file name a variant is kept under (a full-resolution fp32 one as before the scale and precision existed:
-    ``<steps>.json``)."""
+    """The file name a variant is kept under (a full-resolution fp32 one in the spec's order as before the scale,
+    precision and order existed: ``<steps>.json``)."""
     name = f"{steps}" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}"
+    name += f"-{'+'.join(args.order)}" if args.order else ""
     return f"{name}.json" if precision == "fp32" else f"{name}-{precision}.json"
 
 
@@ -106,6 +110,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=48)
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="training arithmetic (auto: what qaopt optimize chooses on this machine)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where to distil (auto: where qaopt optimize trains, training.device)")
+    ap.add_argument("--order", nargs="+", default=None,
+                    help="the merge group's members in this order (default: the spec's search.merge[0].nns)")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "merge_distillation.json")
@@ -116,12 +124,17 @@ def main() -> None:
     from qaopt import kernels
     from qaopt.spec import load_spec
     from qaopt.spec_adapter import cache_dir_of
-    from qaopt.training import finetune_recipe
+    from qaopt.training import finetune_recipe, training_device
 
     spec = load_spec(args.spec)
     if not spec.search.merge:
         sys.exit(f"{args.spec}: search.merge: the spec has no merge group to distil")
-    recipe = finetune_recipe(spec.training.model_copy(update={"precision": args.precision}), "cpu")
+    if args.order is not None and sorted(args.order) != sorted(spec.search.merge[0].nns):
+        sys.exit(f"--order {' '.join(args.order)}: list the members of search.merge[0]: "
+                 f"{', '.join(spec.search.merge[0].nns)}")
+    if args.device == "auto":
+        args.device = training_device(spec.training)
+    recipe = finetune_recipe(spec.training.model_copy(update={"precision": args.precision}), args.device)
     done = (args.cache_dir or cache_dir_of(spec)) / "merge_distillation"
     done.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:

@@ -156,7 +156,8 @@ class Validation(_Model):
         "the seeds of the runs that missed the QoS goal: the scenes that decided a rejection; empty before it was "
         "recorded"))
     seed_base: int | None = Field(None, description=(
-        "the first seed of its runs (seed_base, seed_base + 1, ...): the selection seeds of the checks and the "
+        "the first seed of the range its runs come from (seed_base, seed_base + 1, ..., in blocks, those holding a "
+        "seed that failed an earlier configuration of the run first): the selection seeds of the checks and the "
         "front's validation, or the fresh acceptance seeds; None before it was recorded"))
     label: str | None = Field(None, description=(
         "what the configuration is when no trial of the aware study is (the application-agnostic baseline, "

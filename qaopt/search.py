@@ -122,13 +122,31 @@ def open_storage(url: str) -> RDBStorage:
                     grace_period=GRACE_S,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
                 )
-        except sqlalchemy.exc.IntegrityError:
-            # Two workers creating the tables of a new database at once: the loser retries.
-            time.sleep(1.0 + attempt)
-        except Exception as exc:  # sqlalchemy raises many kinds; all mean "cannot use this storage"
+        except Exception as exc:  # sqlalchemy raises many kinds; all but a lost race mean "cannot use this storage"
+            if lost_table_race(exc):
+                time.sleep(1.0 + attempt)  # the tables exist now: the retry reads them
+                continue
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise OptimizeError(f"search.storage: cannot open {_redact(url)}: {reason}") from None
     raise OptimizeError(f"search.storage: cannot create the tables of {_redact(url)}: other workers keep conflicting")
+
+
+TABLE_RACE_STATES = frozenset({"42P07", "42710"})
+"""PostgreSQL's SQLSTATEs for a table or a type that another session created first (duplicate_table,
+duplicate_object)."""
+
+
+def lost_table_race(exc: BaseException) -> bool:
+    """Whether opening a storage failed because another worker created the same tables at that moment.
+
+    Optuna creates its tables on first use; two workers starting on a new database both try, and the loser's
+    ``CREATE TABLE`` fails with a unique violation on the catalog (an IntegrityError) or, on PostgreSQL, with
+    duplicate_table when the winner committed first (a ProgrammingError). Either way the tables are there.
+    """
+    if isinstance(exc, sqlalchemy.exc.IntegrityError):
+        return True
+    return (isinstance(exc, sqlalchemy.exc.DBAPIError)
+            and getattr(exc.orig, "sqlstate", None) in TABLE_RACE_STATES)
 
 
 def _redact(url: str) -> str:

@@ -404,6 +404,75 @@ def test_cli_reports_bad_profile(tmp_path, capsys):
     assert "--profile: no profile named 'fast'" in capsys.readouterr().err
 
 
+def test_a_worker_that_loses_the_race_to_create_the_tables_opens_them(monkeypatch):
+    """Two workers on a new PostgreSQL database both create Optuna's tables; the one whose CREATE TABLE meets the
+    other's committed table (duplicate_table) opens the storage on retry; any other database error is named."""
+    import sqlalchemy
+
+    from qaopt import search
+
+    class PgError(Exception):
+        def __init__(self, sqlstate):
+            super().__init__(f"sqlstate {sqlstate}")
+            self.sqlstate = sqlstate
+
+    outcomes = [sqlalchemy.exc.ProgrammingError("CREATE TABLE studies", {}, PgError("42P07")), "storage"]
+
+    def storage(url, **_):
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(search, "RDBStorage", storage)
+    monkeypatch.setattr(search.time, "sleep", lambda s: None)
+    assert search.open_storage("postgresql://qaopt@db.example/qaopt") == "storage"
+    assert not outcomes
+
+    outcomes[:] = [sqlalchemy.exc.ProgrammingError("CREATE TABLE studies", {}, PgError("42501"))]  # no privilege
+    with pytest.raises(search.OptimizeError, match=r"search.storage: cannot open postgresql://qaopt:\*\*\*@db.example/qaopt: .*42501"):
+        search.open_storage("postgresql://qaopt@db.example/qaopt")
+
+
+OPEN_AT = """
+import sys, time
+from qaopt.search import open_storage
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+open_storage(sys.argv[1]).engine.dispose()
+"""
+"""A worker process's storage opening at the wall-clock moment argv[2] (its imports done before)."""
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not os.environ.get("QAOPT_TEST_POSTGRES_URL"), reason="QAOPT_TEST_POSTGRES_URL is not set")
+def test_workers_starting_together_on_a_new_postgres_database_all_open_it():
+    """The race itself, as `qaopt optimize --storage` workers meet it: six processes open a database that has no
+    tables yet at the same moment, on four new databases (before the fix about one round in four lost a worker to
+    duplicate_table; the test above decides the logic deterministically)."""
+    import sqlalchemy
+
+    url = sqlalchemy.engine.make_url(os.environ["QAOPT_TEST_POSTGRES_URL"])
+    admin = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        for _ in range(4):
+            name = f"qaopt_race_{uuid.uuid4().hex[:8]}"
+            with admin.connect() as db:
+                db.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+            try:
+                fresh = url.set(database=name).render_as_string(hide_password=False)
+                at = str(time.time() + 6.0)
+                workers = [subprocess.Popen([sys.executable, "-c", OPEN_AT, fresh, at], env=_env(),
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           for _ in range(6)]
+                outputs = [w.communicate(timeout=120)[0] for w in workers]
+                assert [w.returncode for w in workers] == [0] * 6, outputs
+            finally:
+                with admin.connect() as db:
+                    db.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    finally:
+        admin.dispose()
+
+
 @pytest.mark.postgres
 @pytest.mark.skipif(not os.environ.get("QAOPT_TEST_POSTGRES_URL"), reason="QAOPT_TEST_POSTGRES_URL is not set")
 def test_two_workers_share_one_study_on_postgres(tmp_path):

@@ -45,27 +45,38 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
     return load_entry_point(params["entry_point"])(**params["params"]).evaluate_perception(nns, seeds)
 
 
-def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
+def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, device: str):
+    """The spec's first merge group as ``qaopt optimize`` builds it, its members in ``order`` (default the spec's) and
+    distilled ``steps``; its lead's plain int8 knobs (the informed cheapest trial's); and each member's reference
+    candidate (fp32, nothing approximated), built or read from ``cache``."""
     from qaopt import kernels
     from qaopt.approx import KnobSpace, build
-    from qaopt.approx.merge import MergeGroup, build_merged
-    from qaopt.closed_loop import VALIDATION_SEED_BASE
-    from qaopt.executor import ShippedNN
+    from qaopt.approx.merge import MergeGroup
     from qaopt.on_policy import target_nns
-    from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of
 
-    cache = args.cache_dir or cache_dir_of(spec)
-    merge = spec.search.merge[0]
+    order = order or spec.search.merge[0].nns
     # The members as qaopt optimize builds them: with on-policy error data (LaneKeep) their data, and so the merged
     # NN's cache key and distillation seed, are the recordings', not the dataset's.
-    order = args.order or merge.nns
     nns = target_nns(spec, Path(cache), order)
     group = MergeGroup(tuple(nns[n] for n in order), steps)
     lead = group.lead().name
     base = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")
-    reference = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, recipe=recipe,
-                          onnx=kernels.onnx, device=args.device).error
-                 for n, t in nns.items()}
+    references = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, recipe=recipe,
+                           onnx=kernels.onnx, device=device) for n, t in nns.items()}
+    return group, base, references
+
+
+def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
+    from qaopt import kernels
+    from qaopt.approx.merge import build_merged
+    from qaopt.closed_loop import VALIDATION_SEED_BASE
+    from qaopt.executor import ShippedNN
+    from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of
+
+    cache = args.cache_dir or cache_dir_of(spec)
+    group, base, references = merge_group(spec, cache, steps, args.order, recipe, args.device)
+    lead = group.lead().name
+    reference = {n: c.error for n, c in references.items()}
     knobs = base.model_copy(update={"input_scale": args.scale, "finetune_steps": args.adapt})
     start = time.perf_counter()
     views = build_merged(group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx, device=args.device,

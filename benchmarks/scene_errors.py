@@ -29,6 +29,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from merge_distillation import merge_group  # noqa: E402  (the group and references as qaopt optimize builds them)
 
 
 def main() -> None:
@@ -40,9 +43,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from qaopt import kernels
-    from qaopt.approx import KnobSpace, build
-    from qaopt.approx.merge import MergeGroup, build_merged
-    from qaopt.on_policy import target_nns
+    from qaopt.approx.merge import build_merged
     from qaopt.spec import load_spec
     from qaopt.spec_adapter import cache_dir_of, goal_of, make_evaluator
     from qaopt.training import finetune_recipe
@@ -50,14 +51,9 @@ def main() -> None:
     spec = load_spec(args.spec)
     if not spec.search.merge:
         sys.exit(f"{args.spec}: search.merge: the spec has no merge group")
-    cache = cache_dir_of(spec)
+    cache, merge = cache_dir_of(spec), spec.search.merge[0]
     recipe = finetune_recipe(spec.training, "cpu")
-    merge = spec.search.merge[0]
-    nns = target_nns(spec, Path(cache), merge.nns)
-    group = MergeGroup(tuple(nns[n] for n in merge.nns), args.steps or merge.finetune_steps)
-    base = KnobSpace.from_section(spec.knobs_for(group.lead().name), nn=group.lead().name).base(dtype="int8")
-    reference = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, recipe=recipe,
-                          onnx=kernels.onnx) for n, t in nns.items()}
+    group, base, reference = merge_group(spec, cache, args.steps or merge.finetune_steps, None, recipe, "cpu")
     merged = build_merged(group, base, cache_dir=cache, recipe=recipe, onnx=kernels.onnx,
                           progress=lambda message: print(f"  {message}", flush=True))
     evaluator, goal = make_evaluator(spec), goal_of(spec)

@@ -214,7 +214,8 @@ def validation_blocks(runs: int, size: int, seed_base: int, first: Collection[in
     ``runs``), those holding any seed of ``first`` moved ahead of the others. Blocks keep their seeds whatever their
     order, so each block's cached runs are found again."""
     blocks = [list(range(seed_base + s, seed_base + min(runs, s + size))) for s in range(0, runs, size)]
-    return sorted(blocks, key=lambda seeds: not set(seeds) & set(first))
+    early = set(first)
+    return sorted(blocks, key=lambda seeds: early.isdisjoint(seeds))
 
 
 VALIDATION_BLOCKS_VERSION = 1

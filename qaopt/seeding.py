@@ -34,11 +34,12 @@ one the walks found whose knobs other than precision differ from the cheapest's,
 cheapest's layout and precisions with no other knob (the merged NN at full resolution),
 when that is inside the region; walks consider only what is estimated faster than the
 reference, which is trial 0. A probe the screening found slower than the reference on
-every unit is not tried as a trial. Then comes the application-agnostic choice (:func:`configuration_params`): it is inside the
-aware study's space and usually inside the region, so the aware study always measures it, and its front
-can never be slower than the baseline for want of proposing it (on CropFollow's default profile the
-study's 24 trials did not, and the configuration it validated was 0.83x the agnostic one). Then each
-precision alone, apart and on each merged NN (:func:`precision_trials`).
+every unit is not tried as a trial. Then comes the application-agnostic choice
+(:func:`configuration_params`): it is inside the aware study's space and usually inside the
+region, so the aware study always measures it, and its front can never be slower than the
+baseline for want of proposing it (on CropFollow's default profile the study's 24 trials did
+not, and the configuration it validated was 0.83x the agnostic one). Then each precision
+alone, apart and on each merged NN (:func:`precision_trials`).
 """
 
 from __future__ import annotations

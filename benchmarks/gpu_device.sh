@@ -50,7 +50,7 @@
 #            copies into $OUT (real-state.tar.gz). On a fresh machine, carry the last one as
 #            .device-snapshots/real-state.tar.gz and `real` resumes from it.
 #   merge-resnet18  benchmarks/merge_distillation.py on examples/cropfollow-resnet18.yaml, distilled on the GPU, each
-#            order of its merge group (which NN leads) for each of $QAOPT_MERGE_STEPS (default 300 1200 3000), 48
+#            order of its merge group (which NN leads) for each of $QAOPT_MERGE_STEPS (default 3000 1200 300), 48
 #            closed-loop runs a variant on the cores, in the background (poll; collect brings
 #            merge/merge_distillation_resnet18_<order>.json and merge.log)
 #   scenes   benchmarks/scene_failures.py on the real result's state (the running one's, else the carried
@@ -237,18 +237,20 @@ for step in "$@"; do
       # Each order of the ResNet-18 spec's merge group, distilled on the GPU for each of $QAOPT_MERGE_STEPS, 48
       # closed-loop runs each on the cores (variants kept in $BG/merge: a later call resumes), in the background.
       mkdir -p "$BG/merge"
-      setsid nohup bash -c 'for order in "heading distance" "distance heading"; do
+      # Lengths outer, orders inner: both orders of the first length are measured before the next length starts.
+      setsid nohup bash -c 'for steps in $1; do for order in "heading distance" "distance heading"; do
           "$0" benchmarks/merge_distillation.py --spec examples/cropfollow-resnet18.yaml --order $order \
-            --steps $1 --runs 48 --workers "$(nproc)" --cache-dir "$2/merge/cache-${order// /-}" \
+            --steps $steps --runs 48 --workers "$(nproc)" --cache-dir "$2/merge/cache-${order// /-}" \
             --json "$2/merge/merge_distillation_resnet18_${order// /-}.json"
-        done' "$PY" "${QAOPT_MERGE_STEPS:-300 1200 3000}" "$BG" >> "$BG/merge.log" 2>&1 < /dev/null &
-      echo "merge-resnet18: started (steps ${QAOPT_MERGE_STEPS:-300 1200 3000})"
+        done; done' "$PY" "${QAOPT_MERGE_STEPS:-3000 1200 300}" "$BG" >> "$BG/merge.log" 2>&1 < /dev/null &
+      echo "merge-resnet18: started (steps ${QAOPT_MERGE_STEPS:-3000 1200 300})"
       ;;
     scenes)
       real_sets
       state="$BG/real/state.tar.gz"; [ -f "$state" ] || state=.device-snapshots/real-state.tar.gz
       "$PY" benchmarks/scene_failures.py --state "$state" --spec examples/cropfollow-resnet18.yaml --estimator ekf \
-        "${sets[@]}" --workers "$(nproc)" --reference --json "$OUT/scene_failures_resnet18.json" 2>&1 | tail -30
+        "${sets[@]}" --workers "$(nproc)" --reference --json "$OUT/scene_failures_resnet18.json" > "$OUT/scenes.log" 2>&1
+      tail -30 "$OUT/scenes.log"
       ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
             "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18, tvm-part, tvm-install,"\

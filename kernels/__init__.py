@@ -86,7 +86,7 @@ from .schedule import (
     measure_untuned,
     schedules_for,
     threads_of,
-    untuned_backend,
+    untuned_backends,
 )
 from .runnable import Unrunnable, target_backends, unrunnable_dtypes
 from .target import CpuInfo, RPCConfig, Target, TuningBudget, emulated_dtypes, host_cpu_info, missing_device
@@ -104,5 +104,5 @@ __all__ = [
     "emulated_dtypes", "get_backend", "host_cpu_info", "measure_callable", "measure_concurrent", "measure_frame", "measure_interleaved",
     "measure_model", "measure_untuned", "median_and_spread", "median_interval", "missing_device", "ort_session", "pinned", "ratio_interval",
     "register_backend", "resolve", "schedules_for", "sum_interval", "target_backends", "threads_of", "torch_threads",
-    "unregister_backend", "unrunnable_dtypes", "untuned_backend",
+    "unregister_backend", "unrunnable_dtypes", "untuned_backends",
 ]

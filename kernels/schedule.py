@@ -282,36 +282,56 @@ def _frame_call(compiled: Sequence[Any], schedule: Schedule, share: int | None) 
         yield frame
 
 
-UNTUNED_FIRST = ("onnxruntime",)
-"""Backends tried first for a quick untuned figure: ONNX Runtime compiles in about a second and runs every graph it
-can open on its own kernels, where torch eager was many times slower on an AVX2-only CPU (docs/BENCHMARKS.md,
-"Knobs"): an untuned figure on it ranks configurations by torch's overhead, not by their work."""
+UNTUNED_FIRST = ("onnxruntime", "openvino")
+"""Backends of a quick untuned figure: each compiles in about a second and runs every graph it can open on its own
+kernels, where torch eager was many times slower on an AVX2-only CPU (docs/BENCHMARKS.md, "Knobs"): an untuned figure
+on it ranks configurations by torch's overhead, not by their work. Every one of them that runs the model and that the
+target races is timed and the fastest kept, as a trial's measurement keeps its fastest backend: on ONNX Runtime alone
+an int8 NN at a reduced input timed slower than the same NN in fp32, where OpenVINO ran it at a third of the fp32
+figure, so the informed walk of the README's first command ranked int8 behind fp32 (docs/BENCHMARKS.md, "The README's
+first command, session 30")."""
 
 
-def untuned_backend(workload: Workload, target: Target) -> BackendRef:
-    """The first backend that runs the model's dtype and can serve the target: ONNX Runtime where it runs the model,
-    else the first the dtype's backends declare (torch, ...)."""
+def untuned_backends(workload: Workload, target: Target) -> tuple[BackendRef, ...]:
+    """The backends an untuned figure of the model times: those of :data:`UNTUNED_FIRST` that run its dtype, that the
+    target races (``auto``: its ``backends``, else the device's; else its one backend) and that can serve it; else the
+    first backend that runs the dtype and can serve the target (ONNX Runtime first, then torch, ...)."""
+    from .auto import raced  # auto builds on this module's measurements
+
     names = workload.runnable_on or (("onnxruntime",) if is_onnx(workload.model) else ("torch",))
-    names = (*[n for n in UNTUNED_FIRST if n in names], *[n for n in names if n not in UNTUNED_FIRST])
-    reasons = []
-    for name in names:
+    allowed = {r.name for r in raced(target)} if target.backend == "auto" else {BackendRef.parse(target.backend).name}
+    reasons: dict[str, str] = {}
+
+    def serves(name: str) -> bool:
         try:
             reason = get_backend(name).unavailable_reason(target)
         except KernelsError as exc:
             reason = str(exc)
-        if reason is None:
-            return BackendRef.parse(name)
-        reasons.append(f"{name}: {reason}")
-    raise KernelsError(f"target.backend: no backend that runs this model can serve device '{target.device}': "
-                       + "; ".join(reasons))
+        if reason is not None:
+            reasons[name] = reason
+        return reason is None
+
+    quick = tuple(BackendRef.parse(n) for n in UNTUNED_FIRST if n in names and n in allowed and serves(n))
+    if quick:
+        return quick
+    ordered = (*[n for n in UNTUNED_FIRST if n in names], *[n for n in names if n not in UNTUNED_FIRST])
+    first = next((n for n in ordered if n not in reasons and serves(n)), None)
+    if first is None:
+        raise KernelsError(f"target.backend: no backend that runs this model can serve device '{target.device}': "
+                           + "; ".join(f"{n}: {r}" for n, r in reasons.items()))
+    return (BackendRef.parse(first),)
 
 
 def measure_untuned(workloads: Mapping[str, Workload], target: Target, *, cache_dir: str | Path | None = None,
                     protocol: Protocol = QUICK) -> FrameMeasurement:
-    """A quick sequential frame: each model untuned on :func:`untuned_backend`, timed by ``protocol``."""
+    """A quick sequential frame: each model untuned on each of :func:`untuned_backends`, the fastest kept, timed by
+    ``protocol``."""
     untuned = replace(target, tuning=TuningBudget())
-    models = {name: measure_model(w, untuned.with_backend(untuned_backend(w, target)), cache_dir=cache_dir,
-                                  protocol=protocol) for name, w in workloads.items()}
+    models = {}
+    for name, w in workloads.items():
+        measured = [measure_model(w, untuned.with_backend(ref), cache_dir=cache_dir, protocol=protocol)
+                    for ref in untuned_backends(w, target)]
+        models[name] = min(measured, key=lambda m: m.measurement.median_ms)
     return FrameMeasurement("sequential", models, sum(m.measurement.median_ms for m in models.values()),
                             _total([m.measurement.peak_mem_bytes for m in models.values()]),
                             tuple(m.measurement for m in models.values()))

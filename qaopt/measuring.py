@@ -120,7 +120,7 @@ def compile_choice(candidate: Candidate, choice: NNChoice, target: kernels.Targe
 
 def untuned_latency(candidate: Candidate, target: kernels.Target, cache_dir: Path | None = None,
                     protocol: kernels.Protocol = kernels.Protocol()) -> tuple[str, float]:
-    """``(backend, median ms)`` of one candidate, untuned on the first backend that runs its dtype.
+    """``(backend, median ms)`` of one candidate, untuned: the fastest of :func:`qaopt.kernels.untuned_backends`.
 
     ``protocol`` defaults to the one ``optimize`` measures with, so a sweep's figures compare with a run's.
     """

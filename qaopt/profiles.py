@@ -28,7 +28,7 @@ class Profile(BaseModel):
 
 
 PROFILES: dict[str, Profile] = {
-    # Finishes the shipped example in about 23 minutes on a 2-core CPU (session 30; 7 of them distilling its merged
+    # Finishes the shipped example in about 21 minutes on a 2-core CPU (session 30; 7 of them distilling its merged
     # NN, once per cache): few trials, fine-tuning capped at 160 steps, untuned kernels, and a short closed-loop
     # check of the winner. The cap
     # is what lets a scaled NN keep its accuracy: CropFollow's merged NN at input scale 0.5, int8,

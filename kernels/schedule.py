@@ -282,18 +282,18 @@ def _frame_call(compiled: Sequence[Any], schedule: Schedule, share: int | None) 
         yield frame
 
 
-UNTUNED_FIRST = ("onnxruntime", "openvino")
+QUICK_BACKENDS = ("onnxruntime", "openvino")
 """Backends of a quick untuned figure: each compiles in about a second and runs every graph it can open on its own
 kernels, where torch eager was many times slower on an AVX2-only CPU (docs/BENCHMARKS.md, "Knobs"): an untuned figure
 on it ranks configurations by torch's overhead, not by their work. Every one of them that runs the model and that the
-target races is timed and the fastest kept, as a trial's measurement keeps its fastest backend: on ONNX Runtime alone
-an int8 NN at a reduced input timed slower than the same NN in fp32, where OpenVINO ran it at a third of the fp32
-figure, so the informed walk of the README's first command ranked int8 behind fp32 (docs/BENCHMARKS.md, "The README's
-first command, session 30")."""
+target races is timed and the fastest kept, as a trial's measurement keeps its fastest backend: from ONNX Runtime
+alone an int8 NN is priced at ONNX Runtime's QDQ kernels (CropFollow's compact NN: 1.8-2.0 ms, against 1.2-1.3 ms on
+OpenVINO, which its trials then chose), and the README's first command's informed walk began from a merged fp32 NN;
+with both timed it began from the same NN in int8 (docs/BENCHMARKS.md, "The README's first command again")."""
 
 
 def untuned_backends(workload: Workload, target: Target) -> tuple[BackendRef, ...]:
-    """The backends an untuned figure of the model times: those of :data:`UNTUNED_FIRST` that run its dtype, that the
+    """The backends an untuned figure of the model times: those of :data:`QUICK_BACKENDS` that run its dtype, that the
     target races (``auto``: its ``backends``, else the device's; else its one backend) and that can serve it; else the
     first backend that runs the dtype and can serve the target (ONNX Runtime first, then torch, ...)."""
     from .auto import raced  # auto builds on this module's measurements
@@ -311,10 +311,10 @@ def untuned_backends(workload: Workload, target: Target) -> tuple[BackendRef, ..
             reasons[name] = reason
         return reason is None
 
-    quick = tuple(BackendRef.parse(n) for n in UNTUNED_FIRST if n in names and n in allowed and serves(n))
+    quick = tuple(BackendRef.parse(n) for n in QUICK_BACKENDS if n in names and n in allowed and serves(n))
     if quick:
         return quick
-    ordered = (*[n for n in UNTUNED_FIRST if n in names], *[n for n in names if n not in UNTUNED_FIRST])
+    ordered = (*[n for n in QUICK_BACKENDS if n in names], *[n for n in names if n not in QUICK_BACKENDS])
     first = next((n for n in ordered if n not in reasons and serves(n)), None)
     if first is None:
         raise KernelsError(f"target.backend: no backend that runs this model can serve device '{target.device}': "

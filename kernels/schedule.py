@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from .auto import raced
 from .compiler import compile
 from .errors import KernelsError
 from .measure import PROCESS_CORES, Measurement, Protocol, measure_callable, measure_interleaved, measurement_cores
@@ -296,8 +297,6 @@ def untuned_backends(workload: Workload, target: Target) -> tuple[BackendRef, ..
     """The backends an untuned figure of the model times: those of :data:`QUICK_BACKENDS` that run its dtype, that the
     target races (``auto``: its ``backends``, else the device's; else its one backend) and that can serve it; else the
     first backend that runs the dtype and can serve the target (ONNX Runtime first, then torch, ...)."""
-    from .auto import raced  # auto builds on this module's measurements
-
     names = workload.runnable_on or (("onnxruntime",) if is_onnx(workload.model) else ("torch",))
     allowed = {r.name for r in raced(target)} if target.backend == "auto" else {BackendRef.parse(target.backend).name}
     reasons: dict[str, str] = {}
@@ -314,8 +313,7 @@ def untuned_backends(workload: Workload, target: Target) -> tuple[BackendRef, ..
     quick = tuple(BackendRef.parse(n) for n in QUICK_BACKENDS if n in names and n in allowed and serves(n))
     if quick:
         return quick
-    ordered = (*[n for n in QUICK_BACKENDS if n in names], *[n for n in names if n not in QUICK_BACKENDS])
-    first = next((n for n in ordered if n not in reasons and serves(n)), None)
+    first = next((n for n in (*QUICK_BACKENDS, *names) if n in names and serves(n)), None)
     if first is None:
         raise KernelsError(f"target.backend: no backend that runs this model can serve device '{target.device}': "
                            + "; ".join(f"{n}: {r}" for n, r in reasons.items()))

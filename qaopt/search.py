@@ -74,6 +74,9 @@ ATTR_INFEASIBLE = "infeasible"
 ATTR_REGION_VERSION = "region_version"
 """The version of the region that judged the trial (:class:`VersionedRegion`)."""
 ATTR_SKIPPED = "skipped"
+ATTR_REFERENCES = "references"
+"""A study attribute: the fingerprint (weights, architecture, data, metric) of each reference NN its trials were
+built from and measured against, set when the study begins (:func:`open_study`)."""
 """A study attribute: why the study ran no trial (an agnostic merged unit that cannot be within tolerance)."""
 CHECK_ATTR_PREFIX = "closed_loop_check:"
 """A study attribute per in-search closed-loop check (``closed_loop_check:<trial>``): one key per trial, so
@@ -557,7 +560,8 @@ def run_study(
     correct the region there). ``events`` gets each trial's phases.
     """
     plan = ctx.plan
-    study = open_study(plan.study_name("aware"), storage, plan.seed, len(plan.objectives))
+    study = open_study(plan.study_name("aware"), storage, plan.seed, len(plan.objectives),
+                       {n: t.fingerprint for n, t in ctx.nns.items()})
     with study_lock(storage, study.study_name):  # workers starting this study together seed it once
         _seed(ctx, study, region, events, known)
     optimize_until(study, lambda: Objective(ctx, region, events), plan.trials, on_done)
@@ -591,15 +595,42 @@ def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events:
         study.enqueue_trial(trial, skip_if_exists=True)
 
 
-def open_study(name: str, storage: BaseStorage, seed: int, objectives: int) -> optuna.Study:
-    """Create or load (resume) the study ``name`` of ``objectives`` minimised values, with the run's seeded sampler."""
+def open_study(name: str, storage: BaseStorage, seed: int, objectives: int, references: Mapping[str, str]
+               ) -> optuna.Study:
+    """Create or load (resume) the study ``name`` of ``objectives`` minimised values, with the run's seeded sampler.
+
+    ``references`` are the fingerprints of the reference NNs its trials build from. The study's name holds the
+    spec's hash, not the NNs' weights: a model factory that trains when called can return other weights in another
+    process (torch's CPU kernels sum in a different order with another thread count), and a resumed run or a
+    second worker would then add trials measured against other NNs to the same study. That is refused here.
+    """
     optuna.logging.set_verbosity(logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     try:
-        return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                                   directions=["minimize"] * objectives, load_if_exists=True)
+        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                    directions=["minimize"] * objectives, load_if_exists=True)
     except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
-        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    _check_references(study, references)
+    return study
+
+
+def _check_references(study: optuna.Study, references: Mapping[str, str]) -> None:
+    """Record the study's reference fingerprints when it has none yet, else refuse to go on with other NNs."""
+    current = dict(sorted(references.items()))
+    recorded = study.user_attrs.get(ATTR_REFERENCES)
+    if recorded is None:  # a new study (or one from before fingerprints were recorded): these NNs are its references
+        study.set_user_attr(ATTR_REFERENCES, current)
+        return
+    changed = [n for n in sorted(set(recorded) | set(current)) if recorded.get(n) != current.get(n)]
+    if changed:
+        raise OptimizeError(
+            f"study {study.study_name!r} was searched with other reference NNs than this run loaded: "
+            + "; ".join(f"NN {n!r} is {current.get(n, 'absent')} now, was {recorded.get(n, 'absent')}" for n in changed)
+            + " (fingerprints of each NN's weights, architecture, data and metric). Its trials cannot be continued "
+            "with these NNs. A model factory that trains when it is called must return the same weights in every "
+            "process: fix its seeds and torch's thread count (torch.set_num_threads) while it trains, or load "
+            "weights saved once. To search these NNs from the start, give the run another --out or --storage.")
 
 
 class TrialObjective(Protocol):

@@ -90,11 +90,6 @@ OBJECTIVES = ("latency",)
 ATTR_JUDGED = "judged"
 """A unit trial's attribute: NN -> its :class:`~qaopt.tolerance.Judgement` fields."""
 
-def unit_label(unit: Unit) -> str:
-    """A unit's name in study names and results: ``heading``, or ``heading+distance`` for a merged group."""
-    return "+".join(unit.serves)
-
-
 def units_of(ctx: SearchContext) -> list[Unit]:
     """Every unit a layout may use: each NN alone, then each merge group merged."""
     nns, plan = list(ctx.nns), ctx.plan
@@ -221,7 +216,7 @@ def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: Stage
              ) -> optuna.Study:
     """Create or resume the unit's study and run it to the aware study's budget (``done`` counts trials for progress)."""
     plan = ctx.plan
-    study = open_study(plan.study_name(f"{AGNOSTIC_STUDY_PREFIX}{unit_label(unit)}"), storage, plan.seed, len(OBJECTIVES),
+    study = open_study(plan.study_name(f"{AGNOSTIC_STUDY_PREFIX}{unit.label}"), storage, plan.seed, len(OBJECTIVES),
                        {n: ctx.nns[n].fingerprint for n in unit.serves})
     with study_lock(storage, study.study_name):  # workers starting this study together seed it once
         if ATTR_SKIPPED not in study.user_attrs and not study.get_trials(deepcopy=False):  # a new study
@@ -231,7 +226,7 @@ def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: Stage
 
     def tick(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         done[0] += 1
-        events.progress(completed=done[0], description=f"{MODE} {unit_label(unit)}: trial {trial.number}")
+        events.progress(completed=done[0], description=f"{MODE} {unit.label}: trial {trial.number}")
 
     optimize_until(study, lambda: UnitObjective(ctx, unit), plan.trials, tick)
     return study
@@ -271,7 +266,7 @@ def unresolved_trial(unit: Unit, study: optuna.Study, best: Configuration | None
         needed = max(j.data_needed() for j in judged.values())
         if found is None or needed < found.data_needed:
             found = UnresolvedTrial(
-                unit=unit_label(unit), trial=t.number, params=dict(t.params), quick_ms=t.values[0],
+                unit=unit.label, trial=t.number, params=dict(t.params), quick_ms=t.values[0],
                 baseline_ms=baseline, data_needed=needed,
                 judged={n: ExcessJudged(excess=j.excess, ucb=j.ucb, allowed=j.allowed, frames=j.frames,
                                         blocks=j.blocks) for n, j in judged.items()})
@@ -287,7 +282,7 @@ def convergence(ctx: SearchContext, curves: Mapping[Unit, Sequence[float]]) -> C
         return curve[min(t, len(curve) - 1)] if curve else inf
 
     best = [min(sum(at(u, t) for u in layout) for layout in layouts(ctx)) for t in range(rounds)]
-    return ConvergenceCurve(trials=sum(len(c) for c in curves.values()), units=[unit_label(u) for u in curves],
+    return ConvergenceCurve(trials=sum(len(c) for c in curves.values()), units=[u.label for u in curves],
                             best_ms_by_trial=[None if b == inf else round(b, 6) for b in best])
 
 
@@ -318,13 +313,13 @@ def _seed(ctx: SearchContext, unit: Unit, study: optuna.Study, events: StageEven
     """Enqueue a new unit study's seeds, or mark it not searched (``ATTR_SKIPPED``) where its merged NN, with
     nothing else approximated, cannot be within tolerance."""
     if unit.group is not None:  # its first build distils the merged NN: minutes on a CPU, once per cache
-        events.note(f"{MODE} {unit_label(unit)}: building the merged NN with nothing else approximated, to see "
+        events.note(f"{MODE} {unit.label}: building the merged NN with nothing else approximated, to see "
                     "whether any trial of it can be within tolerance")
     if why := merge_outside(ctx, unit):
-        events.note(f"{MODE} {unit_label(unit)}: not searched: {why}")
+        events.note(f"{MODE} {unit.label}: not searched: {why}")
         study.set_user_attr(ATTR_SKIPPED, why)
         return
-    events.note(f"{MODE} {unit_label(unit)}: seeding with the reference, each precision alone and the deepest "
+    events.note(f"{MODE} {unit.label}: seeding with the reference, each precision alone and the deepest "
                 "pruning ratio within tolerance")
     space = ctx.plan.knob_spaces[unit.nn]
     for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in seeds(ctx, unit)):
@@ -340,12 +335,12 @@ def search_agnostic(ctx: SearchContext, storage: BaseStorage, region: RegionSour
     studies = {unit: run_unit(ctx, unit, storage, events, done) for unit in units}
     winners = {u: winner(s) for u, s in studies.items()}
     chosen = combine(ctx, winners, region)
-    unresolved = {unit_label(u): found for u, s in studies.items()
+    unresolved = {u.label: found for u, s in studies.items()
                   if (found := unresolved_trial(u, s, winners[u])) is not None}
     for found in unresolved.values():
         events.note(found.describe())
     return AgnosticSearch(
-        studies={f"{AGNOSTIC_STUDY_PREFIX}{unit_label(u)}": summarize(s, OBJECTIVES) for u, s in studies.items()},
+        studies={f"{AGNOSTIC_STUDY_PREFIX}{u.label}": summarize(s, OBJECTIVES) for u, s in studies.items()},
         chosen=chosen,
         converged=convergence(ctx, {u: best_by_trial(s) for u, s in studies.items()}),
         unresolved=unresolved,

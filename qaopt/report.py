@@ -26,6 +26,7 @@ from qaopt.result import (  # noqa: E402
     Configuration,
     ConvergenceCurve,
     Fidelity,
+    InformedStart,
     Latency,
     Result,
     StudySummary,
@@ -49,6 +50,12 @@ PARETO_NOTE = ("Every trial by its latency per frame (log scale: equal horizonta
                "and peak memory, coloured by its knob family (the approximations its NNs use; *merged*: one NN serves "
                "several); filled = feasible, hollow = infeasible. The reference, application-agnostic and "
                "application-aware configurations are marked, with their speedups in the legend.")
+INFORMED_NOTE = ("Before sampling, each probe (a dtype, an input scale) was built alone on each unit's reference NN "
+                 "(a unit: an NN alone, or a merge group's merged NN), without fine-tuning, and timed untuned; a "
+                 "combination's frame latency is estimated from those factors. The walk then built combinations with "
+                 "the full fine-tuning budget, bisecting by estimate for the cheapest one inside the region: the "
+                 "cheapest inside and a milder fallback became the first trials after the reference. Estimates only "
+                 "order the walk; the trials below measure the real latency.")
 CHECKS_NOTE = ("The front's configurations nearest the region's boundary, run closed-loop while the search went on "
                "(search.closed_loop); a failure corrected the region for the trials after it.")
 SEEDS_NOTE = ("Seeds: *selection* runs (the checks during the search and the front's validation) chose the "
@@ -155,6 +162,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
                 if t.infeasible]
     if unusable:
         lines += ["", "Infeasible whatever their errors (the search went on):", ""] + [f"- {u}" for u in unusable]
+    if (start := result.studies["aware"].informed) is not None:
+        lines += ["", "### How the search started (aware study)", "", INFORMED_NOTE, "", _informed_start(start)]
     lines += ["", "### Candidates (aware study, measured trials)", "", _candidate_table(result.studies["aware"]), ""]
     lines += ["## Cost", "", "| stage | seconds |", "|---|---|"]
     lines += _cost_rows(result)
@@ -512,6 +521,20 @@ def _validation_table(validations: list[Validation]) -> str:
                     f"{v.region_predicted_valid} | "
                     + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _informed_start(start: InformedStart) -> str:
+    rows = ["| unit | reference (ms, untuned) | each probe's latency factor |", "|---|---|---|"]
+    for unit, ms in start.reference_ms.items():
+        factors = ", ".join(f"{probe} {f:.2f}x" for probe, f in start.factors.get(unit, {}).items()) or "none"
+        rows.append(f"| {unit} | {ms:.3f} | {factors} |")
+    rows += ["", f"The reference frame is estimated at {start.reference_frame_ms:.3f} ms. The walk built:", "",
+             "| # | combination | estimated frame (ms) | inside the region | became |", "|---|---|---|---|---|"]
+    rows += [f"| {i} | {t.choice} | {t.estimated_ms:.3f} | {'yes' if t.inside else 'no'} | {t.role or ''} |"
+             for i, t in enumerate(start.walk, 1)]
+    if not start.walk:
+        rows.append("| | nothing: no combination was estimated faster than the reference | | | |")
+    return "\n".join(rows) + "\n"
 
 
 def _candidate_table(study: StudySummary) -> str:

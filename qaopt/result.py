@@ -425,6 +425,30 @@ class TrialRecord(_Model):
         "why the trial is infeasible whatever its errors, e.g. an NN that outputs NaN on its validation data"))
 
 
+class WalkTry(_Model):
+    """One combination the informed walk built, with the run's full fine-tuning budget, and judged (:mod:`qaopt.seeding`)."""
+
+    choice: str = Field(description="each unit's knobs, e.g. 'heading+distance: dtype int8, input_scale 0.75'")
+    estimated_ms: float = Field(description="the frame's untuned latency as the screening's factors estimate it")
+    inside: bool = Field(description="whether the built NNs were inside the study's bounds (the region)")
+    role: Literal["cheapest", "fallback"] | None = Field(None, description="the informed trial it became, if any")
+
+
+class InformedStart(_Model):
+    """Why the application-aware study started where it did: what the screening timed and what the walk built.
+
+    The walk's estimates only order it; the trials measure the real latency. A combination the walk never built
+    (a cheaper one judged after a dearer one was found outside, as bisection does) is not here.
+    """
+
+    reference_ms: dict[str, float] = Field(description=(
+        "each unit's untuned reference latency in ms (a unit: an NN alone, or a merge group's merged NN)"))
+    factors: dict[str, dict[str, float]] = Field(description=(
+        "each probe's untuned latency over its unit's reference (a merged unit takes its lead's factors)"))
+    reference_frame_ms: float = Field(description="the reference frame's estimate: no walked combination is dearer")
+    walk: list[WalkTry] = Field(default_factory=list, description="every combination built, in the order tried")
+
+
 class StudySummary(_Model):
     name: str
     trials_complete: int
@@ -437,6 +461,8 @@ class StudySummary(_Model):
     skipped: str | None = Field(None, description=(
         "why the study ran no trial: an agnostic merge group whose merged NN is outside a member's tolerance before "
         "any other knob"))
+    informed: InformedStart | None = Field(None, description=(
+        "how the aware study chose its informed first trials (None: the space has no probe, or another study)"))
 
     def feasible_configurations(self) -> list[Configuration]:
         """Every feasible, measured configuration, fastest first (the latency end of the Pareto front leads).

@@ -53,6 +53,7 @@ from qaopt.tolerance import CONFIDENCE, RULE, Judgement, judge
 from qaopt.result import (
     AgnosticRule,
     Configuration,
+    InformedStart,
     NNTolerance,
     Rebuilt,
     StudySummary,
@@ -74,6 +75,8 @@ ATTR_INFEASIBLE = "infeasible"
 ATTR_REGION_VERSION = "region_version"
 """The version of the region that judged the trial (:class:`VersionedRegion`)."""
 ATTR_SKIPPED = "skipped"
+ATTR_INFORMED = "informed"
+"""A study attribute: how the aware study chose its informed first trials (:class:`~qaopt.result.InformedStart`)."""
 ATTR_REFERENCES = "references"
 """A study attribute: the fingerprint (weights, architecture, data, metric) of each reference NN its trials were
 built from and measured against, set when the study begins (:func:`open_study`)."""
@@ -584,8 +587,11 @@ def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events:
     # Then the cheapest combination of probes found inside the study's bounds and a milder fallback
     # (qaopt.seeding), so that a short study does not have to come upon them by sampling.
     if len(study.get_trials(deepcopy=False)) <= 1:  # a new study (a resumed one has its informed trials)
-        for informed in informed_trials(ctx, region.current().region, events.note):
-            study.enqueue_trial(informed, skip_if_exists=True)
+        informed, start = informed_trials(ctx, region.current().region, events.note)
+        if start is not None:
+            study.set_user_attr(ATTR_INFORMED, start.model_dump(mode="json"))
+        for trial in informed:
+            study.enqueue_trial(trial, skip_if_exists=True)
     for config in known:
         study.enqueue_trial(configuration_params(ctx, config), skip_if_exists=True)
     # Then each precision alone, apart and then on each merged NN (precision_trials).
@@ -735,6 +741,7 @@ def summarize(study: optuna.Study, objectives: Sequence[str]) -> StudySummary:
         trials=records,
         closed_loop_checks=[v for _, v in sorted(recorded_checks(study).items())],
         skipped=study.user_attrs.get(ATTR_SKIPPED),
+        informed=InformedStart.model_validate(start) if (start := study.user_attrs.get(ATTR_INFORMED)) else None,
     )
 
 

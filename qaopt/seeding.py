@@ -54,6 +54,8 @@ from qaopt.approx import Candidate, Knobs, KnobSpace
 from qaopt.calibrate import ErrorRegion
 from qaopt.plan import MergePlan
 
+from qaopt.result import InformedStart, WalkTry
+
 if TYPE_CHECKING:
     from qaopt.result import Configuration
     from qaopt.search import SearchContext
@@ -75,6 +77,11 @@ class Unit:
     @property
     def serves(self) -> tuple[str, ...]:
         return self.group.nns if self.group is not None else (self.nn,)
+
+    @property
+    def label(self) -> str:
+        """The unit's name in study names, results and logs: ``heading``, or ``heading+distance`` for a group."""
+        return "+".join(self.serves)
 
 
 @dataclass(frozen=True)
@@ -176,19 +183,23 @@ def knobs_of(base: Knobs, combination: Sequence[Probe]) -> Knobs:
 # ---------------------------------------------------------------- a study's informed trials
 
 
-def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str], None]) -> list[dict[str, Any]]:
+def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str], None]
+                    ) -> tuple[list[dict[str, Any]], InformedStart | None]:
     """The trial parameters of the cheapest configuration of reference, probes and merges found inside the region,
-    then of the dearest one found there when it differs (the module docstring); empty when the space has no probe
-    or nothing tried within the walks' budget is inside."""
+    then of the dearest one found there when it differs (the module docstring), and the record of how they were
+    found; no trials when nothing tried within the walks' budget is inside, and no record either when the space
+    has no probe and no merge group."""
     plan = ctx.plan
     nns = list(ctx.nns)
     layouts = [merged_units(nns, plan.merge_groups, ctx.merge_leads, merged)
                for merged in ([False, True] if plan.merge_groups else [False])]
     units = list(dict.fromkeys(u for layout in layouts for u in layout))
-    probes = {u: plan.knob_spaces[u.nn].probes() for u in units}
-    if not any(probes.values()) and not plan.merge_groups:
-        return []
     base = {u: plan.knob_spaces[u.nn].base(seed=plan.seed) for u in units}
+    # A probe that sets a knob to the reference's own value (dtype fp32) is its family's "as the reference": walked
+    # as a setting of its own, it would only spend one of the walk's builds judging the same NN twice.
+    probes = {u: [p for p in plan.knob_spaces[u.nn].probes() if knobs_of(base[u], [p]) != base[u]] for u in units}
+    if not any(probes.values()) and not plan.merge_groups:
+        return [], None
     full = {u: knobs_of(base[u], [{"finetune_steps": most_finetuning(plan.knob_spaces[u.nn])}]) for u in units}
 
     def latency(unit: Unit, probe: Probe) -> float:
@@ -197,14 +208,16 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     note(f"aware: timing {sum(len(p) for u, p in probes.items() if u.group is None)} probes on the reference NNs "
          "(untuned, no fine-tuning) to choose the first trials")
     screening = screen(units, probes, latency)
+    tried: list[WalkTry] = []
 
     def feasible(choice: Mapping[Unit, tuple[Probe, ...]]) -> bool:
         candidates: dict[str, Candidate] = {}
         for unit, combo in choice.items():
             candidates.update(ctx.build_unit(unit, knobs_of(full[unit], combo)))
-        if any(c.nonfinite_outputs for c in candidates.values()):
-            return False
-        return ctx.violation("aware", ctx.errors_of(candidates), candidates, region) <= 0
+        inside = (not any(c.nonfinite_outputs for c in candidates.values())
+                  and ctx.violation("aware", ctx.errors_of(candidates), candidates, region) <= 0)
+        tried.append(WalkTry(choice=_describe(choice), estimated_ms=_estimate(screening, choice), inside=inside))
+        return inside
 
     joints = []
     for layout in layouts:
@@ -219,17 +232,24 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
 
     def precision_only(choice: Mapping[Unit, tuple[Probe, ...]]) -> tuple[float, dict[Unit, tuple[Probe, ...]]]:
         mild = {u: tuple(p for p in combo if p in precisions[u]) for u, combo in choice.items()}
-        return sum(screening.estimate(u, c) for u, c in mild.items()), mild
+        return _estimate(screening, mild), mild
 
     chosen = cheapest_and_fallback(joints, feasible, ceiling=reference_ms, weights=weights, relaxed=precision_only)
+    roles = {_describe(choice): role for (_, choice), role in zip(chosen, ("cheapest", "fallback"), strict=False)}
+    record = InformedStart(
+        reference_ms={u.label: screening.reference_ms[u] for u in units},
+        factors={u.label: {describe_probe(dict(k)): f for k, f in screening.factors[u].items()} for u in units},
+        reference_frame_ms=reference_ms,
+        walk=[t.model_copy(update={"role": roles.get(t.choice)}) if t.inside else t for t in tried],
+    )
     if not chosen:
         note(f"aware: no combination of probes estimated faster than the reference and inside the study's bounds "
              f"within {WALK_BUILDS} builds per layout; the search starts from the reference")
-        return []
+        return [], record
     for (estimate, choice), role in zip(chosen, ("cheapest", "fallback"), strict=False):
         note(f"aware: informed trial ({role}) {_describe(choice)} (estimated {estimate:.2f} ms untuned, "
              f"reference {reference_ms:.2f} ms)")
-    return [_params(ctx, full, choice) for _, choice in chosen]
+    return [_params(ctx, full, choice) for _, choice in chosen], record
 
 
 def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasible: Callable[[Any], bool],
@@ -298,10 +318,18 @@ def configuration_params(ctx: SearchContext, config: Configuration) -> dict[str,
     return {**_params(ctx, units, {unit: () for unit in units}), "schedule": config.schedule}
 
 
+def describe_probe(probe: Probe) -> str:
+    """``dtype int8``, ``input_scale 0.75``: a probe (or several knobs' settings) as the report and the log name it."""
+    return ", ".join(f"{k} {v}" for k, v in probe.items())
+
+
 def _describe(choice: Mapping[Unit, tuple[Probe, ...]]) -> str:
-    return "; ".join(f"{'+'.join(unit.serves) if unit.group else unit.nn}: "
-                     f"{', '.join(f'{k} {v}' for p in combo for k, v in p.items()) or 'as the reference'}"
+    return "; ".join(f"{unit.label}: {', '.join(describe_probe(p) for p in combo) or 'as the reference'}"
                      for unit, combo in choice.items())
+
+
+def _estimate(screening: Screening, choice: Mapping[Unit, tuple[Probe, ...]]) -> float:
+    return sum(screening.estimate(u, c) for u, c in choice.items())
 
 
 def _params(ctx: SearchContext, full: Mapping[Unit, Knobs], choice: Mapping[Unit, tuple[Probe, ...]]) -> dict[str, Any]:

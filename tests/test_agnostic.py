@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from qaopt.agnostic import AGNOSTIC_STUDY_PREFIX, layouts, search_agnostic, unit_label, units_of
+from qaopt.agnostic import AGNOSTIC_STUDY_PREFIX, layouts, search_agnostic, units_of
 from qaopt.events import Events
 from qaopt.measuring import MeasuredConfiguration, MeasuredNN, frame_models
 from qaopt.plan import BoundApplication, build_plan
@@ -93,19 +93,19 @@ def test_the_agnostic_search_reaches_the_optimum_exhaustive_enumeration_finds(tm
     found = search_agnostic(ctx, open_storage(f"sqlite:///{tmp_path / 'study.db'}"), FixedRegion(ctx.space),
                             Events().for_stage("agnostic search"))
 
-    assert set(found.studies) == {f"{AGNOSTIC_STUDY_PREFIX}{unit_label(u)}" for u in units_of(ctx)}
-    searched = [u for u in units_of(ctx) if not found.studies[f"{AGNOSTIC_STUDY_PREFIX}{unit_label(u)}"].skipped]
+    assert set(found.studies) == {f"{AGNOSTIC_STUDY_PREFIX}{u.label}" for u in units_of(ctx)}
+    searched = [u for u in units_of(ctx) if not found.studies[f"{AGNOSTIC_STUDY_PREFIX}{u.label}"].skipped]
     assert 0 < len(searched) < len(units_of(ctx)), "the toy's merged NN is outside its tolerance before any knob"
     for unit in units_of(ctx):
-        summary = found.studies[f"{AGNOSTIC_STUDY_PREFIX}{unit_label(unit)}"]
+        summary = found.studies[f"{AGNOSTIC_STUDY_PREFIX}{unit.label}"]
         # A merge group is skipped only when its merged NN is outside before any knob, and then nothing is within.
-        assert summary.trials_complete == (TRIALS if unit in searched else 0), unit_label(unit)
+        assert summary.trials_complete == (TRIALS if unit in searched else 0), unit.label
         assert unit in searched or (unit.group is not None and optimum[unit] is None
-                                    and "already outside tolerance" in summary.skipped), unit_label(unit)
+                                    and "already outside tolerance" in summary.skipped), unit.label
     for unit in units_of(ctx):
-        feasible = found.studies[f"{AGNOSTIC_STUDY_PREFIX}{unit_label(unit)}"].feasible_configurations()
+        feasible = found.studies[f"{AGNOSTIC_STUDY_PREFIX}{unit.label}"].feasible_configurations()
         best = feasible[0].latency_ms if feasible else None
-        assert best == (optimum[unit][0] if optimum[unit] else None), unit_label(unit)
+        assert best == (optimum[unit][0] if optimum[unit] else None), unit.label
     assert found.chosen is not None and found.chosen.latency_ms == min(frames)
     assert found.converged.trials == TRIALS * len(searched)
     assert len(found.converged.best_ms_by_trial) == TRIALS and found.converged.best_ms_by_trial[-1] <= min(frames)

@@ -115,6 +115,30 @@ def test_report_tables_hold_the_measured_figures(default_path_run):
     assert [r["seeds"].split()[0] for r in validation][-1] == "fresh"  # the agnostic choice, on the fresh seeds
 
 
+def test_the_report_says_how_the_search_started(default_path_run):
+    """The screening's figures and every combination the informed walk built are in result.json and the report."""
+    result, report = default_path_run
+    aware = result.studies["aware"]
+    start = aware.informed
+    assert start is not None and set(start.reference_ms) == {"a", "b", "a+b"}
+    assert start.reference_frame_ms == pytest.approx(start.reference_ms["a"] + start.reference_ms["b"])
+    for unit, factors in start.factors.items():
+        assert factors and set(factors) <= {f"dtype {d}" for d in SEARCHED if d != "fp32"}, unit  # fp32: the reference
+        assert all(f > 0 for f in factors.values())
+    assert start.walk, "the tiny app's NNs leave headroom: some combination is built"
+    assert all(t.estimated_ms < start.reference_frame_ms for t in start.walk), "only what beats the reference"
+    assert len({t.choice for t in start.walk}) == len(start.walk), "no combination is built twice"
+    roles = [t.role for t in start.walk if t.role]
+    assert roles in ([], ["cheapest"], ["cheapest", "fallback"], ["fallback", "cheapest"])
+    assert all(t.inside for t in start.walk if t.role)
+    if roles:  # the cheapest inside is the study's first trial after the reference
+        assert aware.trials[1].params != aware.trials[0].params
+    screening, walked = _table(report, "### How the search started"), _table(report, "The walk built:")
+    assert [r["unit"] for r in screening] == list(start.reference_ms)
+    assert [r["combination"] for r in walked] == [t.choice for t in start.walk]
+    assert [r["became"] for r in walked] == [t.role or "" for t in start.walk]
+
+
 def test_every_dtype_exports_one_onnx_contract_and_loads_back(default_path_run, tmp_path):
     """fp32, bf16 and int8 NNs export ``model.onnx`` with ``input``/``output`` and a dynamic batch, and
     :func:`qaopt.load_artifacts` gives back modules computing what the validated candidates computed."""

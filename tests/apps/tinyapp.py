@@ -76,21 +76,31 @@ class TinyNet(nn.Module):
 
 
 def fit(model: nn.Module, data: TinyData, loss, lr: float, steps: int) -> nn.Module:
-    """Train ``model`` on ``data``'s training split with Adam, batches of 64 drawn from a fixed seed; eval mode."""
+    """Train ``model`` on ``data``'s training split with Adam, batches of 64 drawn from a fixed seed; eval mode.
+
+    On one thread, whatever the process set: torch's CPU kernels sum in another order on more, so the weights
+    would depend on the process that loads the NN, and a run resumed in another process would find other
+    reference NNs than its study began with (which it refuses: qaopt.search.open_study).
+    """
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        idx = torch.randint(0, len(x), (64,), generator=g)
-        value = loss(model(x[idx]), y[idx])
-        opt.zero_grad()
-        value.backward()
-        opt.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(steps):
+            idx = torch.randint(0, len(x), (64,), generator=g)
+            value = loss(model(x[idx]), y[idx])
+            opt.zero_grad()
+            value.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
     return model.eval()
 
 
 def tiny_net(target: str = "a", steps: int = 150) -> TinyNet:
-    """A trained TinyNet (deterministic: fixed seed, single thread)."""
+    """A trained TinyNet, the same weights in every process (a fixed seed, one thread: :func:`fit`)."""
     torch.manual_seed(0)
     return fit(TinyNet(), tiny_data(target), nn.functional.l1_loss, 1e-2, steps)
 

@@ -217,7 +217,7 @@ def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: Stage
     """Create or resume the unit's study and run it to the aware study's budget (``done`` counts trials for progress)."""
     plan = ctx.plan
     study = open_study(plan.study_name(f"{AGNOSTIC_STUDY_PREFIX}{unit.label}"), storage, plan.seed, len(OBJECTIVES),
-                       {n: ctx.nns[n].fingerprint for n in unit.serves})
+                       {n: ctx.nns[n].fingerprint for n in unit.serves}, events.warn)
     with study_lock(storage, study.study_name):  # workers starting this study together seed it once
         if ATTR_SKIPPED not in study.user_attrs and not study.get_trials(deepcopy=False):  # a new study
             _seed(ctx, unit, study, events)

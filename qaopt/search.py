@@ -75,12 +75,12 @@ ATTR_INFEASIBLE = "infeasible"
 ATTR_REGION_VERSION = "region_version"
 """The version of the region that judged the trial (:class:`VersionedRegion`)."""
 ATTR_SKIPPED = "skipped"
+"""A study attribute: why the study ran no trial (an agnostic merged unit that cannot be within tolerance)."""
 ATTR_INFORMED = "informed"
 """A study attribute: how the aware study chose its informed first trials (:class:`~qaopt.result.InformedStart`)."""
 ATTR_REFERENCES = "references"
 """A study attribute: the fingerprint (weights, architecture, data, metric) of each reference NN its trials were
 built from and measured against, set when the study begins (:func:`open_study`)."""
-"""A study attribute: why the study ran no trial (an agnostic merged unit that cannot be within tolerance)."""
 CHECK_ATTR_PREFIX = "closed_loop_check:"
 """A study attribute per in-search closed-loop check (``closed_loop_check:<trial>``): one key per trial, so
 workers sharing the study never overwrite each other's, and a resumed run sees what was checked."""
@@ -564,7 +564,7 @@ def run_study(
     """
     plan = ctx.plan
     study = open_study(plan.study_name("aware"), storage, plan.seed, len(plan.objectives),
-                       {n: t.fingerprint for n, t in ctx.nns.items()})
+                       {n: t.fingerprint for n, t in ctx.nns.items()}, events.warn)
     with study_lock(storage, study.study_name):  # workers starting this study together seed it once
         _seed(ctx, study, region, events, known)
     optimize_until(study, lambda: Objective(ctx, region, events), plan.trials, on_done)
@@ -601,14 +601,17 @@ def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events:
         study.enqueue_trial(trial, skip_if_exists=True)
 
 
-def open_study(name: str, storage: BaseStorage, seed: int, objectives: int, references: Mapping[str, str]
-               ) -> optuna.Study:
+def open_study(name: str, storage: BaseStorage, seed: int, objectives: int, references: Mapping[str, str],
+               warn: Callable[[str], None]) -> optuna.Study:
     """Create or load (resume) the study ``name`` of ``objectives`` minimised values, with the run's seeded sampler.
 
-    ``references`` are the fingerprints of the reference NNs its trials build from. The study's name holds the
-    spec's hash, not the NNs' weights: a model factory that trains when called can return other weights in another
-    process (torch's CPU kernels sum in a different order with another thread count), and a resumed run or a
-    second worker would then add trials measured against other NNs to the same study. That is refused here.
+    ``references`` are the fingerprints of the reference NNs its trials build from, recorded when the study begins.
+    The study's name holds the spec's hash, not the NNs' weights: a model factory that trains when called can
+    return other weights in another process (torch's CPU kernels sum in another order at another thread count; a
+    GPU's training is not bitwise reproducible), and a resumed run or a second worker then adds to a study whose
+    earlier trials were measured against other NNs. That is what a resume on another machine already meets for
+    every candidate (docs/faults.md): each configuration is re-checked with the NNs rebuilt here before it is
+    validated or chosen, so the run goes on, and ``warn`` says why its earlier trials may not hold.
     """
     optuna.logging.set_verbosity(logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
@@ -617,26 +620,29 @@ def open_study(name: str, storage: BaseStorage, seed: int, objectives: int, refe
                                     directions=["minimize"] * objectives, load_if_exists=True)
     except optuna.exceptions.DuplicatedStudyError:  # another worker created it between our check and insert
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-    _check_references(study, references)
+    if (changed := _changed_references(study, references)) is not None:
+        warn(changed)
     return study
 
 
-def _check_references(study: optuna.Study, references: Mapping[str, str]) -> None:
-    """Record the study's reference fingerprints when it has none yet, else refuse to go on with other NNs."""
+def _changed_references(study: optuna.Study, references: Mapping[str, str]) -> str | None:
+    """Record the study's reference fingerprints when it has none yet; else say how this run's NNs differ, if they do."""
     current = dict(sorted(references.items()))
     recorded = study.user_attrs.get(ATTR_REFERENCES)
     if recorded is None:  # a new study (or one from before fingerprints were recorded): these NNs are its references
         study.set_user_attr(ATTR_REFERENCES, current)
-        return
+        return None
     changed = [n for n in sorted(set(recorded) | set(current)) if recorded.get(n) != current.get(n)]
-    if changed:
-        raise OptimizeError(
-            f"study {study.study_name!r} was searched with other reference NNs than this run loaded: "
+    if not changed:
+        return None
+    return (f"study {study.study_name!r} began with other reference NNs than this run loaded: "
             + "; ".join(f"NN {n!r} is {current.get(n, 'absent')} now, was {recorded.get(n, 'absent')}" for n in changed)
-            + " (fingerprints of each NN's weights, architecture, data and metric). Its trials cannot be continued "
-            "with these NNs. A model factory that trains when it is called must return the same weights in every "
-            "process: fix its seeds and torch's thread count (torch.set_num_threads) while it trains, or load "
-            "weights saved once. To search these NNs from the start, give the run another --out or --storage.")
+            + " (fingerprints of each NN's weights, architecture, data and metric). Its earlier trials were measured "
+            "against those; every configuration is re-checked with NNs built from these before it is validated or "
+            "chosen (docs/faults.md, \"A run resumed on another machine\"). A model factory that trains when it is "
+            "called should return the same weights in every process: fix its seeds and torch's thread count "
+            "(torch.set_num_threads) while it trains, or load weights saved once. To search these NNs from the "
+            "start, give the run another --out or --storage.")
 
 
 class TrialObjective(Protocol):

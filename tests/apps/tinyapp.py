@@ -80,7 +80,8 @@ def fit(model: nn.Module, data: TinyData, loss, lr: float, steps: int) -> nn.Mod
 
     On one thread, whatever the process set: torch's CPU kernels sum in another order on more, so the weights
     would depend on the process that loads the NN, and a run resumed in another process would find other
-    reference NNs than its study began with (which it refuses: qaopt.search.open_study).
+    reference NNs than its study began with (qaopt.search.open_study warns of that; the resume tests compare
+    such runs trial by trial).
     """
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     opt = torch.optim.Adam(model.parameters(), lr=lr)

@@ -7,8 +7,8 @@ combination that wins: the smallest resolution the application tolerates, on the
 fastest dtype, merged. So each study starts from informed trials:
 
 1. **Screening (cheap).** Every probe a pass declares (each dtype, each input scale)
-   is built alone on each reference NN and on each merge group's merged NN, with no
-   fine-tuning, and timed untuned. Latency does not depend on the weights, so this
+   other than the reference's own setting is built alone on each reference NN and on
+   each merge group's merged NN, with no fine-tuning, and timed untuned. Latency does not depend on the weights, so this
    costs one export and a short timing per probe, and no training.
 2. **Estimating.** A combination's latency is estimated as the unit's reference
    latency times each of its knobs' measured factors (a unit is an NN alone or a
@@ -34,7 +34,9 @@ one the walks found whose knobs other than precision differ from the cheapest's,
 cheapest's layout and precisions with no other knob (the merged NN at full resolution),
 when that is inside the region; walks consider only what is estimated faster than the
 reference, which is trial 0. A probe the screening found slower than the reference on
-every unit is not tried as a trial. Then comes the application-agnostic choice
+every unit is not tried as a trial. What the screening timed and every combination the
+walks built are kept with the study (:class:`~qaopt.result.InformedStart`): the report's
+"How the search started". Then comes the application-agnostic choice
 (:func:`configuration_params`): it is inside the aware study's space and usually inside the
 region, so the aware study always measures it, and its front can never be slower than the
 baseline for want of proposing it (on CropFollow's default profile the study's 24 trials did
@@ -53,7 +55,6 @@ from typing import TYPE_CHECKING, Any
 from qaopt.approx import Candidate, Knobs, KnobSpace
 from qaopt.calibrate import ErrorRegion
 from qaopt.plan import MergePlan
-
 from qaopt.result import InformedStart, WalkTry
 
 if TYPE_CHECKING:

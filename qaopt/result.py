@@ -438,7 +438,7 @@ class InformedStart(_Model):
     """Why the application-aware study started where it did: what the screening timed and what the walk built.
 
     The walk's estimates only order it; the trials measure the real latency. A combination the walk never built
-    (a cheaper one judged after a dearer one was found outside, as bisection does) is not here.
+    is not here: bisection skips every option cheaper than one it found outside the region.
     """
 
     reference_ms: dict[str, float] = Field(description=(

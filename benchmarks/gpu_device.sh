@@ -46,7 +46,7 @@
 #            profile, its CPU target on 2 pinned cores of this host (the pool's workers kept off them), the references
 #            trained on the GPU, and the spec fields in $QAOPT_REAL_SET (default: each side on the faster of OpenVINO
 #            and ONNX Runtime, trials timed on OpenVINO, bf16 among the dtypes, 48 validation drives per NN), in the
-#            background; it saves its resumable state every 2 minutes to $BG/real/state.tar.gz, which `progress`
+#            background; it saves its resumable state every 30 s to $BG/real/state.tar.gz, which `progress`
 #            copies into $OUT (real-state.tar.gz). On a fresh machine, carry the last one as
 #            .device-snapshots/real-state.tar.gz and `real` resumes from it.
 #   merge-resnet18  benchmarks/merge_distillation.py on examples/cropfollow-resnet18.yaml, distilled on the GPU, each

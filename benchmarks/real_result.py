@@ -3,7 +3,7 @@
     python benchmarks/real_result.py --spec examples/cropfollow-resnet18.yaml --out DIR
         [--estimator ekf|none] [--set target.backends=[openvino,onnxruntime] ...] [--profile default]
         [--cache CACHE] [--state STATE.tar.gz]
-        [--snapshot-every 120] [--json docs/benchmarks/real_result.json]
+        [--snapshot-every 30] [--json docs/benchmarks/real_result.json]
     python benchmarks/real_result.py --rungs STATE.tar.gz
 
 Runs ``qaopt optimize`` (the CLI, in a child process) on the spec with its estimator set to
@@ -65,7 +65,9 @@ def main() -> None:
     ap.add_argument("--profile", default="default")
     ap.add_argument("--cache", type=Path, default=None, help="cache folder (default: OUT/cache); runs may share one")
     ap.add_argument("--state", type=Path, default=None, help="tar.gz to resume from and keep the state in")
-    ap.add_argument("--snapshot-every", type=float, default=120.0)
+    # Every 30 s: a state is a few hundred kB, and what a lent machine ran after the last one is lost with it
+    # (session 32's last state, 2 minutes old, missed the aware study's last six trials).
+    ap.add_argument("--snapshot-every", type=float, default=30.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--rungs", type=Path, default=None, metavar="STATE", help="print the rungs a saved run measured, and stop")
     args = ap.parse_args()

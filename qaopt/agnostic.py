@@ -61,6 +61,7 @@ from qaopt.approx.passes.pruning import GRID, PruningConfig
 from qaopt.events import StageEvents
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import frame_models
+from qaopt.plan import RunPlan
 from qaopt.result import Configuration, ConvergenceCurve, ExcessJudged, StudySummary, UnresolvedTrial
 from qaopt.search import (
     ATTR_CONFIGURATION,
@@ -71,7 +72,9 @@ from qaopt.search import (
     OUTSIDE,
     RegionSource,
     SearchContext,
+    existing_study,
     failures_recorded,
+    finished_trials,
     nonfinite,
     open_study,
     optimize_until,
@@ -212,11 +215,25 @@ def merge_outside(ctx: SearchContext, unit: Unit) -> str | None:
             + "), so no trial of it could be within")
 
 
+def unit_study_name(plan: RunPlan, unit: Unit) -> str:
+    """The name of ``unit``'s study in the run's storage (it holds the spec's hash, so a resumed run continues it)."""
+    return plan.study_name(f"{AGNOSTIC_STUDY_PREFIX}{unit.label}")
+
+
+def units_finished(ctx: SearchContext, storage: BaseStorage) -> bool:
+    """Whether every unit's study is done (skipped, or holding the budget's trials): running them adds nothing."""
+    for unit in units_of(ctx):
+        study = existing_study(storage, unit_study_name(ctx.plan, unit))
+        if study is None or (ATTR_SKIPPED not in study.user_attrs and finished_trials(study) < ctx.plan.trials):
+            return False
+    return True
+
+
 def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: StageEvents, done: list[int]
              ) -> optuna.Study:
     """Create or resume the unit's study and run it to the aware study's budget (``done`` counts trials for progress)."""
     plan = ctx.plan
-    study = open_study(plan.study_name(f"{AGNOSTIC_STUDY_PREFIX}{unit.label}"), storage, plan.seed, len(OBJECTIVES),
+    study = open_study(unit_study_name(plan, unit), storage, plan.seed, len(OBJECTIVES),
                        {n: ctx.nns[n].fingerprint for n in unit.serves}, events.warn)
     with study_lock(storage, study.study_name):  # workers starting this study together seed it once
         if ATTR_SKIPPED not in study.user_attrs and not study.get_trials(deepcopy=False):  # a new study

@@ -709,6 +709,14 @@ def record_interruption(study: optuna.Study, trial: optuna.Trial, exc: BaseExcep
     ))
 
 
+def existing_study(storage: BaseStorage, name: str) -> optuna.Study | None:
+    """The study ``name`` in ``storage``, or ``None`` when no run has begun it (nothing is created)."""
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+
+
 def finished_trials(study: optuna.Study) -> int:
     """Trials that count against the budget: completed or failed, except failures that were retried.
 

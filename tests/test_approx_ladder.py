@@ -117,10 +117,12 @@ def test_the_specs_learning_rate_and_batch_size_train_ladders_and_candidates(tin
 
 def test_optimize_builds_the_ladders_first_and_trials_take_their_rungs(tmp_path):
     """End to end on the tiny app: the ladders stage builds every rung, writes the run's table, and the
-    studies' pruned candidates are rungs of it (no candidate pruned from scratch)."""
+    studies' pruned candidates are rungs of it (no candidate pruned from scratch); a run resumed past its
+    agnostic search does not build them again."""
     import io
     import json
 
+    import yaml
     from rich.console import Console
 
     from qaopt import optimize
@@ -137,6 +139,24 @@ def test_optimize_builds_the_ladders_first_and_trials_take_their_rungs(tmp_path)
     knobs = [c.knobs for config in configurations for c in config.nns.values()]
     pruned = [k for k in knobs if k["prune_ratio"] > 0]
     assert pruned and all(k["ladder_step"] == 0.25 and k["ladder_finetune_steps"] == 10 for k in pruned)
+
+    # Resumed after both searches on a machine whose cache is empty (another cache folder): the ladders are not
+    # built again (the stage reads its table back), and the run decides what it decided.
+    data = yaml.safe_load(spec.read_text())
+    data["output"]["cache_dir"] = "fresh-cache"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    resumed = optimize(spec, profile="quick", trials=4, console=Console(file=io.StringIO()))
+    assert "pruning ladders" in resumed.read_back
+    assert json.loads((spec.parent / "runs" / LADDERS_FILE).read_text())["data"] == table
+    for mode in ("aware", "agnostic"):
+        first, again = getattr(result, mode), getattr(resumed, mode)
+        assert (first is None) == (again is None)
+        if first is not None:
+            assert {n: c.knobs for n, c in first.nns.items()} == {n: c.knobs for n, c in again.nns.items()}
+    # Agnostic studies with trials left walk the ladders: they are built first again.
+    more = optimize(spec, profile="quick", trials=5, console=Console(file=io.StringIO()))
+    assert "pruning ladders" not in more.read_back
+    assert sum(len(s.trials) for s in more.studies.values()) > sum(len(s.trials) for s in result.studies.values())
 
 
 def test_the_ladder_command_tabulates_every_rung_and_names_a_missing_ladder(tmp_path, monkeypatch):

@@ -1,0 +1,135 @@
+"""Fidelity (issue 33): would a tail coordinate (a high quantile of an NN's per-frame error) separate the
+configurations that fail the closed loop from those that pass, where the mean error does not?
+
+    .venv/bin/python benchmarks/fidelity_tails.py --closed-loop DIR [DIR ...] --set NAME
+                                                  [--spec examples/cropfollow.yaml] [--quantiles 0.95,0.99]
+                                                  [--out docs/benchmarks/fidelity_tails.json]
+
+``DIR`` is a fidelity ground-truth folder (``benchmarks/fidelity_closed_loop.py`` wrote it; the same folders
+``benchmarks/fidelity.py`` scores): each NN variant's on-policy residual sequences
+(``fidelity_residuals.npz``) and the configurations' closed-loop verdicts on 48 runs. Nothing is built or
+run: every figure comes from those recorded residuals, so this asks only whether the on-policy error data
+already holds the signal, in its tails rather than its mean.
+
+For each NN with a continuous metric (L1; a detector's miss rate has no per-frame tail), each variant's
+mean absolute residual and its quantiles, each over the reference variant's of the same folder (a folder
+without the reference takes another folder's: the reference is not rebuilt). A configuration's statistic is
+its worst NN's ratio, and each NN's ratio alone. The separation score of a statistic is the share of
+(invalid, valid) pairs of configurations in which the invalid one has the larger statistic (the ROC area: 1.0 separates perfectly,
+0.5 is chance); undecided configurations are left out. Writes ``sets.<--set>`` of ``--out`` (other sets
+kept) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fidelity import REPO, read_closed_loop, reference_variants  # noqa: E402
+
+MEAN = "mean"
+
+
+def residual_tails(folder: Path, quantiles: list[float]) -> dict[str, dict[str, float]]:
+    """Each variant's mean absolute on-policy residual and its quantiles (``q0.99``), over all its drives."""
+    sequences: dict[str, list[np.ndarray]] = defaultdict(list)
+    with np.load(folder / "fidelity_residuals.npz") as npz:
+        for key in npz.files:
+            variant, kind, _ = key.rsplit("/", 2)
+            if kind == "residual":
+                sequences[variant].append(np.abs(npz[key]))
+    out = {}
+    for variant, parts in sequences.items():
+        frames = np.concatenate(parts)
+        out[variant] = {MEAN: float(frames.mean()), **{f"q{q}": float(np.quantile(frames, q)) for q in quantiles}}
+    return out
+
+
+def separation(configs: list[dict], value) -> float | None:
+    """The share of (invalid, valid) pairs where the invalid configuration's ``value(config)`` is larger (ties
+    half)."""
+    bad = [value(c) for c in configs if c["verdict"] == "invalid"]
+    good = [value(c) for c in configs if c["verdict"] == "valid"]
+    if not bad or not good:
+        return None
+    return sum(1.0 if b > g else 0.5 if b == g else 0.0 for b in bad for g in good) / (len(bad) * len(good))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--closed-loop", type=Path, nargs="+", required=True)
+    ap.add_argument("--spec", type=Path, default=REPO / "examples" / "cropfollow.yaml")
+    ap.add_argument("--quantiles", default="0.95,0.99")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity_tails.json")
+    ap.add_argument("--set", required=True, help="the name this set is kept under in --out (sets.<name>)")
+    args = ap.parse_args()
+
+    from qaopt.app_spec.nn_errors import is_class_metric
+    from qaopt.spec import load_spec
+
+    spec = load_spec(args.spec)
+    metrics = {nn: spec.nns[nn].error_metric.kind for nn in spec.nns}
+    continuous = [nn for nn, kind in metrics.items() if not is_class_metric(kind)]
+    quantiles = [float(q) for q in args.quantiles.split(",")]
+    statistics = [MEAN, *(f"q{q}" for q in quantiles)]
+
+    folders = []
+    for folder in args.closed_loop:
+        variants, records = read_closed_loop(folder)
+        folders.append((folder, records, reference_variants(variants, metrics), residual_tails(folder, quantiles)))
+    reference_stats = {}
+    for _, _, references, tails in folders:
+        reference_stats.update({nn: tails[name] for nn, name in references.items() if name in tails})
+    missing = [nn for nn in continuous if nn not in reference_stats]
+    if missing:
+        raise SystemExit(f"no folder holds the reference variant's residuals of {', '.join(missing)}")
+
+    configs: dict[str, dict] = {}  # a later folder's record of a configuration replaces an earlier one's
+    for folder, records, _, tails in folders:
+        for record in records:
+            ratios = {nn: {s: tails[record[nn]][s] / reference_stats[nn][s] for s in statistics} for nn in continuous}
+            configs[str(record["id"])] = {
+                "id": record["id"], **{nn: record[nn] for nn in metrics}, "runs": record["runs"],
+                "failures": record["failures"], "verdict": record["verdict"], "source": folder.name,
+                "ratios": ratios, "worst": {s: max(r[s] for r in ratios.values()) for s in statistics},
+            }
+    rows = sorted(configs.values(), key=lambda c: int(c["id"]))
+    scores = {"worst": {s: separation(rows, lambda c, s=s: c["worst"][s]) for s in statistics},
+              **{nn: {s: separation(rows, lambda c, nn=nn, s=s: c["ratios"][nn][s]) for s in statistics}
+                 for nn in continuous}}
+
+    out = json.loads(args.out.read_text()) if args.out.exists() else {"sets": {}}
+    out["sets"][args.set] = {
+        "command": " ".join(["python", *sys.argv]),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "nns": continuous, "statistics": statistics, "separation": scores,
+        "decided": sum(c["verdict"] != "undecided" for c in rows), "configurations": rows,
+    }
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+    print(f"{args.set}: {len(rows)} configurations, {out['sets'][args.set]['decided']} decided; each cell the "
+          "variant's statistic over the reference's\n")
+    header = " | ".join(f"{nn} {s}" for nn in continuous for s in statistics)
+    print(f"| # | {' | '.join(metrics)} | closed loop | {header} |")
+    print("|---|" + "---|" * len(metrics) + "---|" + "---|" * (len(continuous) * len(statistics)))
+    for c in rows:
+        cells = " | ".join(f"{c['ratios'][nn][s]:.2f}" for nn in continuous for s in statistics)
+        print(f"| {c['id']} | {' | '.join(str(c[nn]) for nn in metrics)} | {c['failures']}/{c['runs']} "
+              f"{c['verdict']} | {cells} |")
+    print("\nseparation of invalid from valid (1.0 perfect, 0.5 chance), by the worst NN's ratio and by each NN's:")
+    for by, row in scores.items():
+        print(f"- {by}: " + ", ".join(f"{s} {v:.2f}" if v is not None else f"{s} -" for s, v in row.items()))
+
+
+if __name__ == "__main__":
+    main()

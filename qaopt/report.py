@@ -45,7 +45,9 @@ MEASUREMENT_NOTE = (
     "Every measurement pins its threads to the target's cores and watches them: when other processes or the "
     "hypervisor took more than 10 % of them, it is measured again, and still disturbed (or too uncertain) it is "
     "marked *untrusted*. A speedup is the ratio of medians with a 95 % percentile-bootstrap interval; one whose "
-    "interval includes 1.0, or whose two sides are the same NNs, is no measurable difference.")
+    "interval includes 1.0, or whose two sides are the same NNs, is no measurable difference. A frame of several "
+    "models was timed on each schedule the target allows (in sequence on all its cores, or in parallel on a share "
+    "each) and runs on the faster, whichever its search chose: the schedule column.")
 PARETO_NOTE = ("Every trial by its latency per frame (log scale: equal horizontal distances are equal speedups) "
                "and peak memory, coloured by its knob family (the approximations its NNs use; *merged*: one NN serves "
                "several); filled = feasible, hollow = infeasible. The reference, application-agnostic and "

@@ -1,9 +1,10 @@
-"""Fidelity (issue 33): would a tail coordinate (a high quantile of an NN's per-frame error) separate the
-configurations that fail the closed loop from those that pass, where the mean error does not?
+"""Fidelity (issue 33): would a tail coordinate (a high quantile of an NN's per-frame error) or a persistence
+coordinate (the error that stays once the frames are averaged) separate the configurations that fail the closed
+loop from those that pass, where the mean error does not?
 
     .venv/bin/python benchmarks/fidelity_tails.py --closed-loop DIR [DIR ...] --set NAME
                                                   [--spec examples/cropfollow.yaml] [--quantiles 0.95,0.99]
-                                                  [--out docs/benchmarks/fidelity_tails.json]
+                                                  [--windows 10,25] [--out docs/benchmarks/fidelity_tails.json]
 
 ``DIR`` is a fidelity ground-truth folder (``benchmarks/fidelity_closed_loop.py`` wrote it; the same folders
 ``benchmarks/fidelity.py`` scores): each NN variant's on-policy residual sequences
@@ -12,7 +13,11 @@ run: every figure comes from those recorded residuals, so this asks only whether
 already holds the signal, in its tails rather than its mean.
 
 For each NN with a continuous metric (L1; a detector's miss rate has no per-frame tail), each variant's
-mean absolute residual and its quantiles, each over the reference variant's of the same folder (a folder
+mean absolute residual and its quantiles; its bias, the absolute mean of its signed residuals; and for each
+``--windows`` W its slow error ``slowW``, the mean absolute moving average of its signed residuals over W
+consecutive frames of one drive (a filter between the NNs and the controller, such as CropFollow's EKF, averages
+noise away but not an error that persists for W frames, which the mean absolute error cannot tell from noise).
+Each statistic is taken over the reference variant's of the same folder (a folder
 without the reference takes another folder's: the reference is not rebuilt). A configuration's statistic is
 its worst NN's ratio, and each NN's ratio alone. The separation score of a statistic is the share of
 (invalid, valid) pairs of configurations in which the invalid one has the larger statistic (the ROC area: 1.0 separates perfectly,
@@ -37,20 +42,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity import REPO, read_closed_loop, reference_variants  # noqa: E402
 
 MEAN = "mean"
+BIAS = "bias"
 
 
-def residual_tails(folder: Path, quantiles: list[float]) -> dict[str, dict[str, float]]:
-    """Each variant's mean absolute on-policy residual and its quantiles (``q0.99``), over all its drives."""
+def _slow(drive: np.ndarray, window: int) -> np.ndarray:
+    """The moving average of one drive's signed residuals over ``window`` consecutive frames (whole windows only)."""
+    if len(drive) < window:
+        return np.array([drive.mean()]) if len(drive) else drive
+    return np.convolve(drive, np.ones(window) / window, mode="valid")
+
+
+def residual_tails(folder: Path, quantiles: list[float], windows: list[int]) -> dict[str, dict[str, float]]:
+    """Each variant's statistics of its on-policy residuals over all its drives (the module docstring)."""
     sequences: dict[str, list[np.ndarray]] = defaultdict(list)
     with np.load(folder / "fidelity_residuals.npz") as npz:
         for key in npz.files:
             variant, kind, _ = key.rsplit("/", 2)
             if kind == "residual":
-                sequences[variant].append(np.abs(npz[key]))
+                sequences[variant].append(np.asarray(npz[key], dtype=float).ravel())
     out = {}
-    for variant, parts in sequences.items():
-        frames = np.concatenate(parts)
-        out[variant] = {MEAN: float(frames.mean()), **{f"q{q}": float(np.quantile(frames, q)) for q in quantiles}}
+    for variant, drives in sequences.items():
+        signed = np.concatenate(drives)
+        frames = np.abs(signed)
+        out[variant] = {MEAN: float(frames.mean()), **{f"q{q}": float(np.quantile(frames, q)) for q in quantiles},
+                        BIAS: float(abs(signed.mean())),
+                        **{f"slow{w}": float(np.abs(np.concatenate([_slow(d, w) for d in drives])).mean())
+                           for w in windows}}
     return out
 
 
@@ -69,6 +86,7 @@ def main() -> None:
     ap.add_argument("--closed-loop", type=Path, nargs="+", required=True)
     ap.add_argument("--spec", type=Path, default=REPO / "examples" / "cropfollow.yaml")
     ap.add_argument("--quantiles", default="0.95,0.99")
+    ap.add_argument("--windows", default="10,25", help="frames each slow error averages over (comma-separated)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity_tails.json")
     ap.add_argument("--set", required=True, help="the name this set is kept under in --out (sets.<name>)")
     args = ap.parse_args()
@@ -80,12 +98,13 @@ def main() -> None:
     metrics = {nn: spec.nns[nn].error_metric.kind for nn in spec.nns}
     continuous = [nn for nn, kind in metrics.items() if not is_class_metric(kind)]
     quantiles = [float(q) for q in args.quantiles.split(",")]
-    statistics = [MEAN, *(f"q{q}" for q in quantiles)]
+    windows = [int(w) for w in args.windows.split(",")]
+    statistics = [MEAN, *(f"q{q}" for q in quantiles), BIAS, *(f"slow{w}" for w in windows)]
 
     folders = []
     for folder in args.closed_loop:
         variants, records = read_closed_loop(folder)
-        folders.append((folder, records, reference_variants(variants, metrics), residual_tails(folder, quantiles)))
+        folders.append((folder, records, reference_variants(variants, metrics), residual_tails(folder, quantiles, windows)))
     reference_stats = {}
     for _, _, references, tails in folders:
         reference_stats.update({nn: tails[name] for nn, name in references.items() if name in tails})

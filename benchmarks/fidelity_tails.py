@@ -104,7 +104,8 @@ def main() -> None:
     folders = []
     for folder in args.closed_loop:
         variants, records = read_closed_loop(folder)
-        folders.append((folder, records, reference_variants(variants, metrics), residual_tails(folder, quantiles, windows)))
+        folders.append((folder, records, reference_variants(variants, metrics),
+                        residual_tails(folder, quantiles, windows)))
     reference_stats = {}
     for _, _, references, tails in folders:
         reference_stats.update({nn: tails[name] for nn, name in references.items() if name in tails})

@@ -47,7 +47,8 @@ MEASUREMENT_NOTE = (
     "marked *untrusted*. A speedup is the ratio of medians with a 95 % percentile-bootstrap interval; one whose "
     "interval includes 1.0, or whose two sides are the same NNs, is no measurable difference. A frame of several "
     "models was timed on each schedule the target allows (in sequence on all its cores, or in parallel on a share "
-    "each) and runs on the faster, whichever its search chose: the schedule column.")
+    "each) and runs on the faster, whichever its search chose: the schedule column, the other's figure in "
+    "brackets.")
 PARETO_NOTE = ("Every trial by its latency per frame (log scale: equal horizontal distances are equal speedups) "
                "and peak memory, coloured by its knob family (the approximations its NNs use; *merged*: one NN serves "
                "several); filled = feasible, hollow = infeasible. The reference, application-agnostic and "
@@ -410,7 +411,9 @@ def _outcome(result: Result) -> str:
 
 def _row(name: str, config: Configuration, speedup: str) -> str:
     mem = f"{config.memory_bytes / MiB:.2f}" if config.memory_bytes is not None else "n/a"
-    return f"| {name} | {format_latency(config.latency_ms, config.latency)} | {mem} | {speedup} | {config.schedule} |"
+    others = ", ".join(f"{s} {ms:.3g} ms" for s, ms in config.schedules_ms.items() if s != config.schedule)
+    schedule = f"{config.schedule} ({others})" if others else config.schedule
+    return f"| {name} | {format_latency(config.latency_ms, config.latency)} | {mem} | {speedup} | {schedule} |"
 
 
 def format_latency(ms: float, latency: Latency | None) -> str:

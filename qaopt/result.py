@@ -74,6 +74,9 @@ class Configuration(_Model):
     errors: dict[str, float] = Field(description="the error vector in the region's axis names")
     in_region: bool
     latency: Latency | None = Field(None, description="latency_ms's interval and trust; None before result version 5")
+    schedules_ms: dict[Schedule, float] = Field(default_factory=dict, description=(
+        "each schedule's median frame (ms) as the side-by-side stage timed it, the frame's schedule the fastest; "
+        "empty for a frame of one model, and in a result.json written before the stage timed every schedule"))
 
     def same_nns(self, other: Configuration) -> bool:
         """Whether both run the same candidates under the same schedule (a speedup between them can only be noise)."""

@@ -66,11 +66,13 @@ def test_each_side_runs_on_its_fastest_schedule_now_whichever_its_search_chose(t
     assert (agnostic.schedule, agnostic.latency_ms) == ("sequential", pytest.approx(7.7))
     assert {n: c.latency_ms for n, c in agnostic.nns.items()} == {"a": 3.8, "b": 3.9}
     assert {c.latency.epoch for c in agnostic.nns.values()} == {agnostic.latency.epoch} == {"side by side"}
+    assert agnostic.schedules_ms == {"sequential": pytest.approx(7.7), "parallel": 11.5}
     assert notes == ["agnostic: sequential here, not parallel as when it was searched (sequential 7.7 ms, parallel "
                      "11.5 ms): each side is compared on the schedule that runs it fastest now"]
     # The reference's pair was timed in parallel too, and kept its sequence; the merged NN is one model, one schedule.
     assert (out["reference"].schedule, out["reference"].latency_ms) == ("sequential", 42.0)
     assert (out["aware"].schedule, out["aware"].latency_ms) == ("sequential", 2.5)
+    assert out["aware"].schedules_ms == {}
     assert sorted(schedule for names, schedule in timed.values() if names == ("merged",)) == ["sequential"]
     assert sorted(s for names, s in timed.values() if names == ("agn.a", "agn.b")) == ["parallel", "sequential"]
 

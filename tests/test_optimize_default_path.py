@@ -90,6 +90,14 @@ def test_both_schedules_are_searched(default_path_run):
     rows = _table(report, "### Candidates (aware study")
     assert len(rows) == result.studies["aware"].trials_complete
     assert {re.search(r"schedule=(\w+)", r["knobs"]).group(1) for r in rows} <= {"sequential", "parallel"}
+    # the side-by-side stage timed the reference's two NNs on both schedules too, ran the frame on the faster, and
+    # the report's outcome table names the other's figure
+    reference = result.reference
+    assert set(reference.schedules_ms) == {"sequential", "parallel"}
+    assert reference.latency_ms == min(reference.schedules_ms.values())
+    other = next(s for s in reference.schedules_ms if s != reference.schedule)
+    row = next(r for r in _table(report, "## Outcome") if r["configuration"].startswith("reference"))
+    assert row["schedule"] == f"{reference.schedule} ({other} {reference.schedules_ms[other]:.3g} ms)"
 
 
 def test_report_tables_hold_the_measured_figures(default_path_run):

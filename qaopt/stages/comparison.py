@@ -65,8 +65,7 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
     timed, possibly under other load: the real result's agnostic frame, parallel when its units were combined, took
     11.5 ms in this stage, while its two NNs had just measured 3.8 and 3.9 ms each alone on its one core; the ratio
     against the parallel frame credited the aware side with about 1.5x that the application's headroom had not
-    bought. ``note`` hears each configuration whose schedule
-    changed here, with both figures.
+    bought. ``note`` hears each configuration whose schedule changed here, with both figures.
 
     Configurations that run the same NNs under the same schedule are timed once and share the figure. Each NN of
     a frame of several is also timed alone in the same rounds (the same compiled model), so the NN figures of a
@@ -128,8 +127,9 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
             for n, choice in nns.items():
                 nn_m = by_nn[choice.candidate, choice.backend]
                 nns[n] = choice.model_copy(update={"latency_ms": nn_m.median_ms, "latency": latency_of([nn_m])})
+        timed = {k[0]: by_key[k].median_ms for k in options[name]} if len(options[name]) > 1 else {}
         out[name] = config.model_copy(update={"nns": nns, "schedule": schedule, "latency_ms": m.median_ms,
-                                              "latency": latency_of([m])})
+                                              "latency": latency_of([m]), "schedules_ms": timed})
     return out
 
 

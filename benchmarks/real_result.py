@@ -5,6 +5,7 @@
         [--cache CACHE] [--state STATE.tar.gz]
         [--snapshot-every 30] [--json docs/benchmarks/real_result.json]
     python benchmarks/real_result.py --rungs STATE.tar.gz
+    python benchmarks/real_result.py --figures RESULT.json [--estimator ekf] [--set ...] --json OUT.json
 
 Runs ``qaopt optimize`` (the CLI, in a child process) on the spec with its estimator set to
 ``--estimator`` and each ``--set DOTTED.KEY=YAML`` applied (e.g. ``target.backend=auto``), its run folder in
@@ -26,7 +27,10 @@ over the application-agnostic one, both configurations' closed-loop validations,
 verdict on fresh seeds (``acceptance``, ``acceptance_seeds``), whether its validated NNs are inside
 the region by their own errors (``validated_in_region``) and the agnostic baseline's best-so-far
 curve (``agnostic_converged``) with any faster trial only the agnostic rule's resolution rejected
-(``agnostic_unresolved``).
+(``agnostic_unresolved``); the three frames in ms as timed side by side (``frames_ms``) and the
+ratio on each backend that measured every NN of both sides (``per_backend``). ``--figures RESULT.json``
+writes the same from a finished run's ``result.json`` (one collected from the device), given the spec
+fields the run had, and stops.
 
 ``--rungs STATE.tar.gz`` reads a run's saved study instead and prints, per NN, every ladder rung
 and dtype the two searches measured (error, MACs, the NN's latency on the target at the
@@ -70,9 +74,22 @@ def main() -> None:
     ap.add_argument("--snapshot-every", type=float, default=30.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--rungs", type=Path, default=None, metavar="STATE", help="print the rungs a saved run measured, and stop")
+    ap.add_argument("--figures", type=Path, default=None, metavar="RESULT",
+                    help="write --json from a finished run's result.json, and stop")
     args = ap.parse_args()
     if args.rungs is not None:
         print(rung_tables(args.rungs))
+        return
+    if args.figures is not None:
+        if args.json is None:
+            ap.error("--figures needs --json (where the figures go)")
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = _spec_for(args.spec.resolve(), args.estimator, Path(tmp), args.overrides)
+            figures = real_result(json.loads(args.figures.read_text()), yaml.safe_load(spec.read_text()))
+        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+        print(json.dumps({k: figures[k] for k in ("aware_over_agnostic", "frames_ms", "per_backend")}, indent=1))
         return
     if args.out is None:
         ap.error("--out is required (unless --rungs)")
@@ -196,7 +213,37 @@ def real_result(result: dict, spec: dict) -> dict:
                    for k in ("device", "backend", "backends", "search_backend", "threads")},
         "estimator": params.get("estimator", "none"),
         "seconds": result.get("seconds"),
+        "frames_ms": {side: ({"latency_ms": c["latency_ms"], "schedule": c["schedule"],
+                              "schedules_ms": c.get("schedules_ms", {})} if c else None)
+                      for side, c in (("reference", result.get("reference")), ("aware", aware),
+                                      ("agnostic", result.get("agnostic")))},
+        "per_backend": per_backend(aware, result.get("agnostic")),
     }
+
+
+def per_backend(aware: dict | None, agnostic: dict | None) -> dict[str, dict[str, float]]:
+    """Aware over agnostic on each backend that measured every NN of both configurations: each side's frame as the
+    sum of its models' figures there (a merged NN once), from each NN's ``backends_measured`` (the figures the
+    backend choice compared, untuned, taken when the configuration was measured on the target), so a sequential
+    frame, not the side-by-side stage's. The issue asks for the ratio per backend: how much of the gain holds on a
+    backend the deployment may be tied to."""
+    if aware is None or agnostic is None:
+        return {}
+
+    def frame(config: dict, backend: str) -> float | None:
+        models = {c["candidate"]: c.get("backends_measured", {}).get(backend) for c in config["nns"].values()}
+        if not all(isinstance(ms, (int, float)) for ms in models.values()):
+            return None  # a backend that could not run one of the NNs (its value says why)
+        return float(sum(models.values()))
+
+    backends = sorted({b for config in (aware, agnostic) for nn in config["nns"].values()
+                       for b in nn.get("backends_measured", {})})
+    out = {}
+    for backend in backends:
+        a, g = frame(aware, backend), frame(agnostic, backend)
+        if a is not None and g is not None:
+            out[backend] = {"aware_ms": a, "agnostic_ms": g, "aware_over_agnostic": g / a}
+    return out
 
 
 def rung_tables(state: Path) -> str:

@@ -26,7 +26,8 @@ def _validation(trial, seed_base, passes=50):
 
 
 def _result(**extra):
-    return {"aware": {"trial": 7, "in_region": True}, "speedups": {"aware_over_agnostic": 3.0},
+    aware = {"trial": 7, "in_region": True, "latency_ms": 1.0, "schedule": "sequential", "nns": {}}
+    return {"aware": aware, "speedups": {"aware_over_agnostic": 3.0},
             "validations": [_validation(7, VALIDATION_SEED_BASE)],
             "agnostic_converged": {"trials": 40, "units": ["heading"], "best_ms_by_trial": [2.0, 1.5]}, **extra}
 
@@ -53,6 +54,27 @@ def test_a_rebuilt_configuration_is_in_the_region_only_by_its_rebuilt_errors():
     assert left["validated_in_region"] is False and left["rebuilt"] is True
     kept = real_result.real_result(_result(rebuilt=[{"trial": 2, "feasible": False}]), SPEC)
     assert kept["validated_in_region"] is True and kept["rebuilt"] is False
+
+
+def _nn(candidate, **backends):
+    return {"candidate": candidate, "backends_measured": backends}
+
+
+def test_the_ratio_on_each_backend_counts_a_merged_nn_once_and_skips_a_backend_that_could_not_run_an_nn():
+    aware = {"trial": 7, "in_region": True, "latency_ms": 2.5, "schedule": "sequential",
+             "nns": {"heading": _nn("m", openvino=2.0, onnxruntime=3.0, torch="bf16: not on this CPU"),
+                     "distance": _nn("m", openvino=2.0, onnxruntime=3.0, torch="bf16: not on this CPU")}}
+    agnostic = {"latency_ms": 11.5, "schedule": "parallel", "schedules_ms": {"sequential": 7.7, "parallel": 11.5},
+                "nns": {"heading": _nn("h", openvino=4.0, onnxruntime=14.0, torch=20.0),
+                        "distance": _nn("d", openvino=5.0, onnxruntime=16.0, torch=21.0)}}
+    figures = real_result.real_result(_result(aware=aware, agnostic=agnostic), SPEC)
+    assert figures["per_backend"] == {
+        "onnxruntime": {"aware_ms": 3.0, "agnostic_ms": 30.0, "aware_over_agnostic": 10.0},
+        "openvino": {"aware_ms": 2.0, "agnostic_ms": 9.0, "aware_over_agnostic": 4.5}}
+    assert figures["frames_ms"]["agnostic"] == {"latency_ms": 11.5, "schedule": "parallel",
+                                                "schedules_ms": {"sequential": 7.7, "parallel": 11.5}}
+    assert figures["frames_ms"]["reference"] is None
+    assert real_result.real_result(_result(), SPEC)["per_backend"] == {}
 
 
 def test_spec_overrides_set_dotted_fields_and_a_malformed_one_names_the_form(tmp_path):

@@ -86,10 +86,8 @@ def main() -> None:
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
-            spec = _spec_for(args.spec.resolve(), args.estimator, Path(tmp), args.overrides)
-            figures = real_result(json.loads(args.figures.read_text()), yaml.safe_load(spec.read_text()))
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
-        print(json.dumps({k: figures[k] for k in ("aware_over_agnostic", "frames_ms", "per_backend")}, indent=1))
+            write_figures(args.figures, _spec_for(args.spec.resolve(), args.estimator, Path(tmp), args.overrides),
+                          args.json)
         return
     if args.out is None:
         ap.error("--out is required (unless --rungs)")
@@ -116,8 +114,13 @@ def main() -> None:
         _snapshot(run, cache, args.state)
     if code != 0:
         raise SystemExit(f"qaopt optimize exited with {code}")
-    figures = real_result(json.loads((run / "result.json").read_text()), yaml.safe_load(spec.read_text()))
-    target = args.json or out / "real_result.json"
+    write_figures(run / "result.json", spec, args.json or out / "real_result.json")
+
+
+def write_figures(result: Path, spec: Path, target: Path) -> None:
+    """The issue's figures (:func:`real_result`) of a finished run's ``result.json`` and the spec it optimized, into
+    ``target`` and printed."""
+    figures = real_result(json.loads(result.read_text()), yaml.safe_load(spec.read_text()))
     target.write_text(json.dumps(figures, indent=1) + "\n")
     print(json.dumps(figures, indent=1))
 

@@ -82,7 +82,7 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
 
     frames: dict[tuple, tuple[dict[str, kernels.FrameModel], kernels.Schedule]] = {}
     labels: dict[tuple, str] = {}  # what a figure's untrusted note names: the configuration, or the NN and backend
-    options: dict[str, list[tuple]] = {}  # configuration -> its frame's key on each schedule the target allows
+    options: dict[str, dict[kernels.Schedule, tuple]] = {}  # configuration -> schedule the target allows -> its frame's key
     alone: dict[tuple, tuple[str, str]] = {}  # a frame of one NN -> (candidate, backend) it times
     threads = threads_of(ctx.plan.target)
     for name, config in configurations.items():
@@ -92,14 +92,14 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
                   for n, candidate in frame_models(ctx.candidates(config)).items()}
         nns = tuple(sorted((n, c.candidate, c.backend) for n, c in config.nns.items()))
         schedules = schedules_for(len(models), threads)
-        options[name] = [(schedule, nns) for schedule in schedules]
-        for key in options[name]:
+        options[name] = {schedule: (schedule, nns) for schedule in schedules}
+        for schedule, key in options[name].items():
             if key not in frames:
-                frames[key] = (models, key[0])
-                labels[key] = name if len(schedules) == 1 else f"{name} ({key[0]})"
+                frames[key] = (models, schedule)
+                labels[key] = name if len(schedules) == 1 else f"{name} ({schedule})"
         if len(models) == 1:  # the frame is its NN's figure (a merged NN serves all of them)
             (n, model), = models.items()
-            alone[options[name][0]] = (config.nns[n].candidate, model.backend)
+            alone[options[name]["sequential"]] = (config.nns[n].candidate, model.backend)
             continue
         for n, model in models.items():
             nn_key = ("sequential", ((n, config.nns[n].candidate, model.backend),))
@@ -116,10 +116,11 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
         if config is None:
             out[name] = None
             continue
-        key = min(options[name], key=lambda k: by_key[k].median_ms)
-        schedule, m = key[0], by_key[key]
+        timed = {schedule: by_key[key].median_ms for schedule, key in options[name].items()}
+        schedule = min(timed, key=timed.__getitem__)
+        m = by_key[options[name][schedule]]
         if schedule != config.schedule:
-            figures = ", ".join(f"{k[0]} {by_key[k].median_ms:.3g} ms" for k in options[name])
+            figures = ", ".join(f"{s} {ms:.3g} ms" for s, ms in timed.items())
             note(f"{name}: {schedule} here, not {config.schedule} as when it was searched ({figures}): each side "
                  "is compared on the schedule that runs it fastest now")
         nns = dict(config.nns)
@@ -127,9 +128,9 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
             for n, choice in nns.items():
                 nn_m = by_nn[choice.candidate, choice.backend]
                 nns[n] = choice.model_copy(update={"latency_ms": nn_m.median_ms, "latency": latency_of([nn_m])})
-        timed = {k[0]: by_key[k].median_ms for k in options[name]} if len(options[name]) > 1 else {}
         out[name] = config.model_copy(update={"nns": nns, "schedule": schedule, "latency_ms": m.median_ms,
-                                              "latency": latency_of([m]), "schedules_ms": timed})
+                                              "latency": latency_of([m]),
+                                              "schedules_ms": timed if len(timed) > 1 else {}})
     return out
 
 

@@ -82,7 +82,7 @@ def side_by_side(ctx: SearchContext, configurations: Mapping[str, Configuration 
 
     frames: dict[tuple, tuple[dict[str, kernels.FrameModel], kernels.Schedule]] = {}
     labels: dict[tuple, str] = {}  # what a figure's untrusted note names: the configuration, or the NN and backend
-    options: dict[str, dict[kernels.Schedule, tuple]] = {}  # configuration -> schedule the target allows -> its frame's key
+    options: dict[str, dict[kernels.Schedule, tuple]] = {}  # configuration -> each schedule allowed -> frame key
     alone: dict[tuple, tuple[str, str]] = {}  # a frame of one NN -> (candidate, backend) it times
     threads = threads_of(ctx.plan.target)
     for name, config in configurations.items():

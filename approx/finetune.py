@@ -17,6 +17,7 @@ import contextlib
 import copy
 import math
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -36,6 +37,13 @@ CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 """cuBLAS is deterministic only with a fixed workspace, read when a process first uses it: set (unless the
 environment sets it) when this module is imported, before any training, so a run's first cuBLAS call sees it."""
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+
+REPORT_EVERY_S = 120.0
+"""How often a long phase says how far it is: a merged NN's 3000 steps take 7 minutes on a 2-core CPU with bf16
+instructions and about 18 on one without (docs/BENCHMARKS.md), too long to pass in silence."""
+
+Report = Callable[[int, int, float], None]
+"""``report(done, steps, seconds)``: a phase has run ``done`` of its ``steps`` in ``seconds``."""
 
 
 @contextlib.contextmanager
@@ -165,8 +173,9 @@ class Distiller:
             out, teacher, labels, delta = out / scale, teacher / scale, labels / scale, self.recipe.huber_scale
         return w * F.huber_loss(out, teacher, delta=delta) + (1 - w) * F.huber_loss(out, labels, delta=delta)
 
-    def run(self, student: nn.Module, steps: int) -> None:
-        """Train ``student`` for one phase of ``steps`` optimizer steps (on the device; it ends on the CPU).
+    def run(self, student: nn.Module, steps: int, report: Report | None = None) -> None:
+        """Train ``student`` for one phase of ``steps`` optimizer steps (on the device; it ends on the CPU);
+        ``report``, if given, hears how far it is every :data:`REPORT_EVERY_S` seconds.
 
         The phase trains in the channels-last layout, the same arithmetic in another memory order: a step of
         CropFollow's compact NN at batch 16 was 1.04-1.24x faster on a 2-core x86 CPU
@@ -179,6 +188,7 @@ class Distiller:
         student.to(self.device, memory_format=torch.channels_last)
         opt = torch.optim.AdamW(student.parameters(), lr=r.lr, weight_decay=r.weight_decay)
         student.train()
+        start = reported = time.monotonic()
         with reproducible(self.device):
             for step in range(steps):
                 for group in opt.param_groups:
@@ -186,6 +196,10 @@ class Distiller:
                 opt.zero_grad(set_to_none=True)
                 self.loss(student, self.batch()).backward()
                 opt.step()
+                now = time.monotonic()
+                if report is not None and now - reported >= REPORT_EVERY_S and step + 1 < steps:
+                    report(step + 1, steps, now - start)
+                    reported = now
         student.to("cpu", memory_format=torch.contiguous_format).eval()
 
 

@@ -166,9 +166,15 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
             model = store.load_module(folder)
         else:
             model = _widened(group, lead, columns, y_train)
-            progress(f"merging {', '.join(group.names)} into one backbone: distilling {group.finetune_steps} steps")
+            merging = f"merging {', '.join(group.names)} into one backbone"
+            progress(f"{merging}: distilling {group.finetune_steps} steps (once per cache)")
+
+            def report(done: int, steps: int, seconds: float) -> None:
+                progress(f"{merging}: {done} of {steps} steps in {seconds / 60:.1f} min, "
+                         f"about {seconds / done * (steps - done) / 60:.0f} min left")
             torch.manual_seed(int(key[:8], 16))
-            Distiller(d.x_train, y_train, lambda: y_train, recipe, int(key[:8], 16), device).run(model, group.finetune_steps)
+            Distiller(d.x_train, y_train, lambda: y_train, recipe, int(key[:8], 16), device).run(
+                model, group.finetune_steps, report)
             (store.root / "merged").mkdir(exist_ok=True)
             with store.writing("merged", key) as tmp:
                 store.save_module(model, tmp)

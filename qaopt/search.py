@@ -204,6 +204,8 @@ class SearchContext:
     nns: Mapping[str, TargetNN]
     space: ErrorRegion
     stress: StressSet | None = None
+    say: Callable[[str], None] = field(default=lambda message: None, repr=False, compare=False)
+    """Where a long build reports how far it is (a search stage's notes: a merged NN's distillation takes minutes)."""
     _measured: dict[tuple, MeasuredConfiguration] = field(default_factory=dict, repr=False, compare=False)
     _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False, compare=False)
     _strata: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict, repr=False, compare=False)
@@ -236,7 +238,8 @@ class SearchContext:
     def build_merged(self, group: MergePlan, knobs: Knobs) -> dict[str, Candidate]:
         """The merged candidate of ``group`` for ``knobs``, one view per member NN (:func:`qaopt.approx.build_merged`)."""
         return build_merged(self.merge_group(group), knobs, cache_dir=self.cache_dir, recipe=self.plan.finetune,
-                            backend=self.plan.backend_name, onnx=kernels.onnx, device=self.plan.train_device)
+                            backend=self.plan.backend_name, onnx=kernels.onnx, device=self.plan.train_device,
+                            progress=self.say)
 
     def merge_group(self, group: MergePlan) -> MergeGroup:
         return MergeGroup(tuple(self.nns[n] for n in group.nns), group.finetune_steps)

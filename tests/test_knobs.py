@@ -61,6 +61,24 @@ def test_merged_views_carry_each_heads_own_error_on_its_own_data(pair, tmp_path)
     assert views["distance"].error < 0.5 * np.abs(ratio - ratio.mean()).mean()
 
 
+def test_a_long_merge_distillation_says_how_far_it_is(pair, tmp_path, monkeypatch):
+    """A merged NN's distillation runs for minutes once per cache: it reports its steps and the time left, not
+    silence (a log showed 31 minutes without a line on a CPU without bf16)."""
+    import qaopt.approx.finetune as finetune
+    from qaopt.approx.merge import merged_target
+
+    monkeypatch.setattr(finetune, "REPORT_EVERY_S", 0.0)
+    said: list[str] = []
+    merged_target(MergeGroup(pair, finetune_steps=4), cache_dir=tmp_path, recipe=FAST, progress=said.append)
+    assert said[0] == "merging heading, distance into one backbone: distilling 4 steps (once per cache)"
+    steps = [line for line in said[1:] if " of 4 steps in " in line]
+    assert [line.split(": ")[1].split(" of")[0] for line in steps] == ["1", "2", "3"], said
+    assert all(line.endswith("min left") for line in steps)
+    said.clear()
+    merged_target(MergeGroup(pair, finetune_steps=4), cache_dir=tmp_path, recipe=FAST, progress=said.append)
+    assert said == [], "read back from the cache, it has nothing to report"
+
+
 def test_a_merged_int8_graph_keeps_the_small_unit_head_accurate(pair, tmp_path):
     """The output's columns are in different units: a single int8 scale on the output would erase the ratio."""
     group = MergeGroup(pair, finetune_steps=150)

@@ -70,6 +70,8 @@ def test_end_to_end_outputs(tiny_run):
     assert {m: s.trials_complete for m, s in result.studies.items() if m != "aware"} == {
         "agnostic.a": 4, "agnostic.b": 4, "agnostic.a+b": 0}
     assert "already outside tolerance" in result.studies["agnostic.a+b"].skipped
+    # Distilling the merged NN takes minutes on a real application: the search's log says so when it starts.
+    assert "into one backbone: distilling" in QUIET.file.getvalue()
     assert result.agnostic_converged is not None and result.agnostic_converged.trials == 8
     assert result.agnostic_rule is not None and set(result.agnostic_rule.nns) == {"a", "b"}
     # The reference configuration is the first trial of each study, measured once.

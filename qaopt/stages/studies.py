@@ -13,7 +13,7 @@ resumed run continues them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qaopt.agnostic import AgnosticSearch, search_agnostic, units_of
 from qaopt.pipeline import BaseStage, StageRun, register_stage
@@ -47,9 +47,10 @@ class AwareStudyStage(BaseStage):
         reference: Reference = inputs["reference NNs"]
         calibrated: CalibratedRegion = inputs["calibration"]
         events = run.emitter(self.name)
-        checks = ClosedLoopChecks(reference.ctx, calibrated, events, executor=run.executor)
+        ctx = replace(reference.ctx, say=events.note)
+        checks = ClosedLoopChecks(ctx, calibrated, events, executor=run.executor)
         agnostic: AgnosticSearch = inputs["agnostic search"]
-        study = run_study(reference.ctx, run.storage, checks, events, on_done=checks,
+        study = run_study(ctx, run.storage, checks, events, on_done=checks,
                           known=[agnostic.chosen] if agnostic.chosen is not None else [])
         checks.absorb(study)  # the checks other workers sharing the study ran, or a run before a kill
         return AwareSearch(summarize(study, run.plan.objectives), checks)
@@ -73,4 +74,5 @@ class AgnosticStudyStage(BaseStage):
         # The region with the run folder's closed-loop evidence; the validation stage judges the choice again by
         # the region the aware study's checks leave.
         region = FixedRegion(calibrated.searched())
-        return search_agnostic(reference.ctx, run.storage, region, run.emitter(self.name))
+        events = run.emitter(self.name)
+        return search_agnostic(replace(reference.ctx, say=events.note), run.storage, region, events)

@@ -1,0 +1,159 @@
+"""A merged CropFollow NN trained on its lead's frozen backbone: how close it gets, and at what cost (issue #30).
+
+    python benchmarks/merge_frozen_backbone.py [--cache-dir .qaopt-cache] [--shared-steps 3000] [--own-steps 1500]
+        [--batch 16] [--threads 2] [--json docs/benchmarks/merge_frozen_backbone.json]
+
+The product distils a merged NN end to end (:func:`qaopt.approx.merge.merged_target`): every step runs the whole
+NN forward and backward on 240x320 frames, 3000 steps for the shipped example, about 7 minutes on a 2-core CPU with
+bf16 instructions and 18 on one without. When the lead's backbone is frozen, its features on the training frames can
+be computed once, and each step trains only what reads them. This script measures two such designs on the compact
+references (distance leads, as in the example's merge group):
+
+- ``shared``: the lead's head with its output layer widened to both NNs' outputs (the product's merged NN, the
+  same graph and MACs), trained on the frozen features with the Distiller's loss (half teacher, half label, Huber,
+  each output on its own spread), ``--shared-steps`` steps;
+- ``own``: the lead's head untouched (distance's outputs are its reference's) and a copy of the heading
+  reference's own head reading the lead's features (one backbone, a head per NN: more MACs), ``--own-steps``.
+
+Each reports every member's L1 error on its validation data against its reference's, at checkpoints of its cosine
+schedule, and the seconds spent on the features and on training. Writes ``--json``: the machine, the date, the
+command and both designs' rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache-dir", type=Path, default=Path("examples/.qaopt-cache"))
+    ap.add_argument("--shared-steps", type=int, default=3000)
+    ap.add_argument("--own-steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+
+    from qaopt.simulators.cropfollow.dataset import reference_dataset
+    from qaopt.simulators.cropfollow.reference import reference_nn
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    lead = reference_nn("distance", "compact", cache_dir=args.cache_dir).eval()
+    other = reference_nn("heading", "compact", cache_dir=args.cache_dir).eval()
+    data = {n: reference_dataset(n, cache_dir=args.cache_dir) for n in ("distance", "heading")}
+    frames_train, frames_val = data["heading"].x_train, data["heading"].x_val  # both targets share the frames
+    y = {n: {s: torch.from_numpy(np.asarray(getattr(d, f"y_{s}"), np.float32))[:, 0] for s in ("train", "val")}
+         for n, d in data.items()}
+
+    def batched(fn, frames) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([fn(torch.from_numpy(np.asarray(frames[i:i + 64], np.float32)))
+                              for i in range(0, len(frames), 64)])
+
+    start = time.perf_counter()
+    backbone = lambda x: lead.backbone((x - lead.image_mean) / lead.image_std)  # noqa: E731
+    feats = {"train": batched(backbone, frames_train), "val": batched(backbone, frames_val)}
+    features_s = time.perf_counter() - start
+    teacher = {"distance": batched(lead, frames_train)[:, 0], "heading": batched(other, frames_train)[:, 0]}
+    reference = {"distance": batched(lead, frames_val)[:, 0], "heading": batched(other, frames_val)[:, 0]}
+    ref_l1 = {n: float((reference[n] - y[n]["val"]).abs().mean()) for n in y}
+    print(f"features {tuple(feats['train'].shape)} in {features_s:.1f} s; references' L1 {ref_l1}", flush=True)
+
+    def shared_head():
+        head = copy.deepcopy(lead.head)
+        old, new = head[-1], torch.nn.Linear(head[-1].in_features, 2)
+        with torch.no_grad():
+            new.weight[0], new.bias[0] = old.weight[0], old.bias[0]
+        head[-1] = new
+        spread = float(y["heading"]["train"].std())
+
+        def outputs(f):
+            out = head(f)
+            return {"distance": out[:, 0] * lead.out_scale + lead.out_offset, "heading": out[:, 1] * spread}
+        return head, outputs
+
+    def own_head():
+        head = copy.deepcopy(other.head)
+
+        def outputs(f):
+            with torch.no_grad():
+                distance = lead.head(f)[:, 0] * lead.out_scale + lead.out_offset
+            return {"distance": distance, "heading": head(f)[:, 0] * other.out_scale + other.out_offset}
+        return head, outputs
+
+    rows = []
+    for design, steps, make in (("shared", args.shared_steps, shared_head), ("own", args.own_steps, own_head)):
+        torch.manual_seed(0)
+        head, outputs = make()
+        rows.append(train(design, head, outputs, feats, y, teacher, ref_l1, steps, args.batch))
+
+    out = {
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _cpu(),
+                    "python": platform.python_version(), "torch": torch.__version__, "threads": args.threads},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python benchmarks/merge_frozen_backbone.py " + " ".join(sys.argv[1:]),
+        "lead": "distance", "frames": {"train": len(frames_train), "val": len(frames_val)},
+        "features_s": round(features_s, 1), "reference_l1": ref_l1, "designs": rows,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
+def train(design, head, outputs, feats, y, teacher, ref_l1, steps: int, batch: int) -> dict:
+    """``steps`` AdamW steps of the Distiller's loss on the frozen features, evaluated at five checkpoints."""
+    import torch
+    import torch.nn.functional as F
+
+    names = ("distance", "heading")
+    spread = {n: float(y[n]["train"].std()) for n in names}
+    opt = torch.optim.AdamW(head.parameters(), lr=5e-4)
+    generator = torch.Generator().manual_seed(0)
+    checkpoints, start, n = [], time.perf_counter(), len(feats["train"])
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = 5e-4 * 0.5 * (1 + math.cos(math.pi * step / steps))
+        head.train()
+        idx = torch.randint(0, n, (batch,), generator=generator)
+        out = outputs(feats["train"][idx])
+        loss = sum(0.5 * F.huber_loss(out[m] / spread[m], teacher[m][idx] / spread[m], delta=0.1)
+                   + 0.5 * F.huber_loss(out[m] / spread[m], y[m]["train"][idx] / spread[m], delta=0.1)
+                   for m in names if out[m].requires_grad)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if (step + 1) % max(1, steps // 5) == 0 or step + 1 == steps:
+            head.eval()
+            with torch.no_grad():
+                pred = outputs(feats["val"])
+            l1 = {m: float((pred[m] - y[m]["val"]).abs().mean()) for m in names}
+            checkpoints.append({"step": step + 1, "seconds": round(time.perf_counter() - start, 1), "l1": l1,
+                                "over_reference": {m: round(l1[m] / ref_l1[m], 3) for m in names}})
+            print(f"{design} step {step + 1}/{steps}: {checkpoints[-1]}", flush=True)
+    return {"design": design, "steps": steps, "batch": batch, "checkpoints": checkpoints}
+
+
+def _cpu() -> str:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+        name = next(line for line in open("/proc/cpuinfo") if line.startswith("model name")).split(":", 1)[1].strip()
+    except (OSError, StopIteration):
+        return platform.processor()
+    return f"{name} ({', '.join(f for f in ('avx2', 'avx512f', 'avx512_vnni', 'avx512_bf16', 'amx_bf16') if f in flags)})"
+
+
+if __name__ == "__main__":
+    main()

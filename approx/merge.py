@@ -242,11 +242,11 @@ def build_merged(group: MergeGroup, knobs: Knobs, *, cache_dir: str | Path | Non
 
     Every view is the same candidate (its key, module and graph: a frame runs it once); each carries its
     member's error and residuals, measured on that member's own validation data, and the member's output
-    ``columns``.
+    ``columns``. ``progress`` hears the merged NN's distillation (minutes, once per cache), not each candidate's
+    build, which takes seconds and which a search's trial lines already say.
     """
     target = merged_target(group, cache_dir=cache_dir, recipe=recipe, device=device, progress=progress)
-    merged = build(target, knobs, cache_dir=cache_dir, recipe=recipe, backend=backend, onnx=onnx, device=device,
-                   progress=progress)
+    merged = build(target, knobs, cache_dir=cache_dir, recipe=recipe, backend=backend, onnx=onnx, device=device)
     store = Store(cache_dir)
     (store.root / "views").mkdir(exist_ok=True)
     columns = group.columns()
@@ -254,7 +254,6 @@ def build_merged(group: MergeGroup, knobs: Knobs, *, cache_dir: str | Path | Non
         folder = store.root / "views" / merged.key
         meta = read_json(folder / "view.json", VIEW_KIND, VIEW_VERSION) if store.entry("views", merged.key) else None
         if meta is None:
-            progress("measuring each merged NN's error on its own data")
             with store.writing("views", merged.key) as tmp:
                 meta = {}
                 for m in group.members:

@@ -1,7 +1,8 @@
 """A merged CropFollow NN trained on its lead's frozen backbone: how close it gets, and at what cost (issue #30).
 
     python benchmarks/merge_frozen_backbone.py [--cache-dir .qaopt-cache] [--shared-steps 3000] [--own-steps 1500]
-        [--batch 16] [--threads 2] [--json docs/benchmarks/merge_frozen_backbone.json]
+        [--batch 16] [--threads 2] [--runs 0] [--spec examples/cropfollow.yaml] [--workers 2]
+        --json docs/benchmarks/merge_frozen_backbone.json
 
 The product distils a merged NN end to end (:func:`qaopt.approx.merge.merged_target`): every step runs the whole
 NN forward and backward on 240x320 frames, 3000 steps for the shipped example, about 7 minutes on a 2-core CPU with
@@ -16,8 +17,10 @@ references (distance leads, as in the example's merge group):
   reference's own head reading the lead's features (one backbone, a head per NN: more MACs), ``--own-steps``.
 
 Each reports every member's L1 error on its validation data against its reference's, at checkpoints of its cosine
-schedule, and the seconds spent on the features and on training. Writes ``--json``: the machine, the date, the
-command and both designs' rows.
+schedule, and the seconds spent on the features and on training. With ``--runs N`` each design's merged NN (fp32,
+full resolution) then drives ``--spec``'s simulator in the closed loop on the N seeds validation draws (those of
+``merge_distillation.json``'s rows), judged with the spec's acceptance test on that fixed set. Writes ``--json``:
+the machine, the date, the command and both designs' rows.
 """
 
 from __future__ import annotations
@@ -30,7 +33,45 @@ import os
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
+
+import torch
+from torch import nn
+
+BLOCK = 8
+"""Closed-loop runs per worker task."""
+
+
+class FrozenMerged(nn.Module):
+    """The lead's backbone and one or more heads reading its features; ``members`` maps each NN to (head, column,
+    scale, shift): its output is ``heads[head](features)[:, column] * scale + shift``, in its own unit."""
+
+    def __init__(self, lead: nn.Module, heads: list[nn.Module], members: dict[str, tuple[int, int, float, float]]):
+        super().__init__()
+        self.backbone, self.heads, self.members = lead.backbone, nn.ModuleList(heads), members
+        self.register_buffer("image_mean", lead.image_mean.clone())
+        self.register_buffer("image_std", lead.image_std.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.backbone((x - self.image_mean) / self.image_std)
+        outs = [head(features) for head in self.heads]
+        return torch.stack([outs[h][:, c] * s + b for h, c, s, b in self.members.values()], dim=1)
+
+
+def _predict(module: nn.Module, column: int, x):
+    from qaopt.approx.quantize import predict_torch
+
+    return predict_torch(module, x)[:, [column]]
+
+
+def _run_block(spec_path: str, nns: dict, seeds: list[int]) -> list[dict]:
+    from qaopt.app_spec import load, load_entry_point
+
+    torch.set_num_threads(1)
+    simulator = load(spec_path).evaluator.simulator
+    return load_entry_point(simulator.entry_point)(**dict(simulator.params)).evaluate_perception(nns, seeds)
 
 
 def main() -> None:
@@ -40,11 +81,13 @@ def main() -> None:
     ap.add_argument("--own-steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=0, help="closed-loop runs of each design's merged NN (0: none)")
+    ap.add_argument("--spec", type=Path, default=Path("examples/cropfollow.yaml"), help="its simulator and QoS goal")
+    ap.add_argument("--workers", type=int, default=2, help="processes running the closed-loop runs")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
 
     import numpy as np
-    import torch
 
     from qaopt.simulators.cropfollow.dataset import reference_dataset
     from qaopt.simulators.cropfollow.reference import reference_nn
@@ -83,7 +126,9 @@ def main() -> None:
         def outputs(f):
             out = head(f)
             return {"distance": out[:, 0] * lead.out_scale + lead.out_offset, "heading": out[:, 1] * spread}
-        return head, outputs
+        merged = FrozenMerged(lead, [head], {"distance": (0, 0, float(lead.out_scale), float(lead.out_offset)),
+                                             "heading": (0, 1, spread, 0.0)})
+        return head, outputs, merged
 
     def own_head():
         head = copy.deepcopy(other.head)
@@ -92,13 +137,18 @@ def main() -> None:
             with torch.no_grad():
                 distance = lead.head(f)[:, 0] * lead.out_scale + lead.out_offset
             return {"distance": distance, "heading": head(f)[:, 0] * other.out_scale + other.out_offset}
-        return head, outputs
+        merged = FrozenMerged(lead, [lead.head, head], {
+            "distance": (0, 0, float(lead.out_scale), float(lead.out_offset)),
+            "heading": (1, 0, float(other.out_scale), float(other.out_offset))})
+        return head, outputs, merged
 
     rows = []
     for design, steps, make in (("shared", args.shared_steps, shared_head), ("own", args.own_steps, own_head)):
         torch.manual_seed(0)
-        head, outputs = make()
+        head, outputs, merged = make()
         rows.append(train(design, head, outputs, feats, y, teacher, ref_l1, steps, args.batch))
+        if args.runs:
+            rows[-1]["closed_loop"] = closed_loop(merged.eval(), args)
 
     out = {
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _cpu(),
@@ -113,9 +163,29 @@ def main() -> None:
     print(f"wrote {args.json}")
 
 
+def closed_loop(merged: nn.Module, args: argparse.Namespace) -> dict:
+    """``args.runs`` closed-loop runs of ``merged`` serving both NNs, on the seeds validation draws."""
+    from qaopt.app_spec import load
+    from qaopt.closed_loop import VALIDATION_SEED_BASE
+    from qaopt.spec_adapter import acceptance_of, goal_of
+
+    spec = load(args.spec)
+    nns = {name: partial(_predict, merged, i) for i, name in enumerate(merged.members)}
+    seeds = [VALIDATION_SEED_BASE + i for i in range(args.runs)]
+    start = time.perf_counter()
+    with ProcessPoolExecutor(args.workers) as pool:
+        blocks = [pool.submit(_run_block, str(args.spec), nns, seeds[b:b + BLOCK]) for b in range(0, len(seeds), BLOCK)]
+        records = [r for f in blocks for r in f.result()]
+    goal = goal_of(spec)
+    failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]
+    verdict = acceptance_of(spec).decide_fixed(len(failed), len(records)).value
+    print(f"closed loop: {len(failed)}/{len(records)} runs failed {failed} -> {verdict}", flush=True)
+    return {"runs": len(records), "failures": len(failed), "failed_runs": failed, "verdict": verdict,
+            "loop_s": round(time.perf_counter() - start, 1)}
+
+
 def train(design, head, outputs, feats, y, teacher, ref_l1, steps: int, batch: int) -> dict:
     """``steps`` AdamW steps of the Distiller's loss on the frozen features, evaluated at five checkpoints."""
-    import torch
     import torch.nn.functional as F
 
     names = ("distance", "heading")

@@ -40,8 +40,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-BLOCK = 8
-"""Closed-loop runs per worker task."""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from merge_distillation import BLOCK, run_block  # noqa: E402  (the same closed-loop blocks as its rows)
 
 
 class FrozenMerged(nn.Module):
@@ -66,12 +67,6 @@ def _predict(module: nn.Module, column: int, x):
     return predict_torch(module, x)[:, [column]]
 
 
-def _run_block(spec_path: str, nns: dict, seeds: list[int]) -> list[dict]:
-    from qaopt.app_spec import load, load_entry_point
-
-    torch.set_num_threads(1)
-    simulator = load(spec_path).evaluator.simulator
-    return load_entry_point(simulator.entry_point)(**dict(simulator.params)).evaluate_perception(nns, seeds)
 
 
 def main() -> None:
@@ -170,11 +165,12 @@ def closed_loop(merged: nn.Module, args: argparse.Namespace) -> dict:
     from qaopt.spec_adapter import acceptance_of, goal_of
 
     spec = load(args.spec)
+    params = {"entry_point": spec.evaluator.simulator.entry_point, "params": dict(spec.evaluator.simulator.params)}
     nns = {name: partial(_predict, merged, i) for i, name in enumerate(merged.members)}
     seeds = [VALIDATION_SEED_BASE + i for i in range(args.runs)]
     start = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
-        blocks = [pool.submit(_run_block, str(args.spec), nns, seeds[b:b + BLOCK]) for b in range(0, len(seeds), BLOCK)]
+        blocks = [pool.submit(run_block, params, nns, seeds[b:b + BLOCK]) for b in range(0, len(seeds), BLOCK)]
         records = [r for f in blocks for r in f.result()]
     goal = goal_of(spec)
     failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]

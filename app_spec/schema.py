@@ -679,6 +679,10 @@ class MergeSpec(Section):
         "NNs that read the same input (nns.<name>.input): merged, the largest one's backbone serves them all"))
     finetune_steps: Count(1_000_000, "steps", "distilling that long would take days") = Field(300, description=(
         "distillation steps that teach the merged NN every member's outputs, once per group, before any other knob"))
+    freeze: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_0-9]+)*$", description=(
+        "a submodule of the lead NN (its attribute path, e.g. backbone) kept as trained: its outputs on the training "
+        "frames are computed once and only what reads them distils, several times faster per step; unset: the "
+        "whole merged NN distils end to end"))
 
 
 class SearchSpec(Section):

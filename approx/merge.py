@@ -13,12 +13,20 @@ validation data, in that member's output columns, with that member's metric
 application tolerates what sharing costs each NN is for the region and the closed
 loop to decide, as for every other knob.
 
+Distilling end to end runs the whole merged NN forward and backward on every step: for CropFollow's 240x320
+frames about 18 minutes on a 2-core CPU without bf16 instructions. A group that names ``freeze`` (a submodule of
+the lead, its backbone) keeps that part as the lead trained it: its outputs on the training frames are computed
+once, and each step trains only what reads them (the heads), about 10x cheaper per step. The lead's features then
+serve every member, so this suits members whose outputs its features carry (CropFollow's heading and distance
+both read the crop rows' geometry); whether they do is for the errors and the closed loop to say.
+
 Layout under the approx store: ``merged/<key>/`` the distilled merged NN (before any
 other knob), ``views/<candidate key>/`` each member's error and residuals on its data.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Callable, Sequence
@@ -109,6 +117,9 @@ class MergeGroup:
     members: tuple[TargetNN, ...]
     finetune_steps: int
     """Distillation steps of the merged NN from the references, before any other knob."""
+    freeze: str | None = None
+    """The lead's submodule (its attribute path, ``backbone``) kept as the lead trained it while the rest distils;
+    ``None``: the whole merged NN distils end to end."""
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.members]
@@ -152,8 +163,9 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
     store = Store(cache_dir)
     lead = group.lead()
     columns = group.columns()
+    frozen = [{"freeze": group.freeze}] if group.freeze else []  # end-to-end NNs keep the keys they had
     key = content_hash("approx.merged", FORMAT, [m.fingerprint for m in group.members], lead.name,
-                       group.finetune_steps, recipe.as_dict())
+                       group.finetune_steps, recipe.as_dict(), *frozen)
     d = lead.data
     y_train = np.concatenate([_reference_outputs(m, lead, "train", store, device) for m in group.members], axis=1)
     y_val = np.concatenate([np.asarray(d.y_val) if m is lead else _reference_outputs(m, lead, "val", store, device)
@@ -167,18 +179,111 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
         else:
             model = _widened(group, lead, columns, y_train)
             merging = f"merging {', '.join(group.names)} into one backbone"
-            progress(f"{merging}: distilling {group.finetune_steps} steps (once per cache)")
+            how = f", {lead.name}'s {group.freeze} frozen" if group.freeze else ""
+            progress(f"{merging}: distilling {group.finetune_steps} steps{how} (once per cache)")
 
             def report(done: int, steps: int, seconds: float) -> None:
                 progress(f"{merging}: {done} of {steps} steps in {seconds / 60:.1f} min, "
                          f"about {seconds / done * (steps - done) / 60:.0f} min left")
             torch.manual_seed(int(key[:8], 16))
-            Distiller(d.x_train, y_train, lambda: y_train, recipe, int(key[:8], 16), device).run(
-                model, group.finetune_steps, report)
+            with _replayed(model, group, lead, d.x_train, device) as frames:
+                Distiller(frames, y_train, lambda: y_train, recipe, int(key[:8], 16), device).run(
+                    model, group.finetune_steps, report)
             (store.root / "merged").mkdir(exist_ok=True)
             with store.writing("merged", key) as tmp:
                 store.save_module(model, tmp)
     return TargetNN(group.name, model, data, tuple(lead.input_shape), metric, architecture=key)
+
+
+class _Replay(nn.Module):
+    """Stands in for a frozen submodule while the rest of the merged NN distils: its outputs on the frames of the
+    current batch (``rows``), computed once. They are a plain attribute, not a buffer, so that moving the student
+    to its device or memory layout does not copy every frame's features."""
+
+    def __init__(self, outputs: torch.Tensor):
+        super().__init__()
+        self.outputs = outputs
+        self.rows: np.ndarray | None = None
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return self.outputs[torch.from_numpy(self.rows)].to(x.device)
+
+
+class _ReplayedFrames:
+    """The training frames as the Distiller samples them, telling the replay which frames each batch holds."""
+
+    def __init__(self, frames, replay: _Replay):
+        self.frames, self.replay = frames, replay
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __getitem__(self, rows: np.ndarray):
+        self.replay.rows = np.asarray(rows)
+        return self.frames[rows]
+
+
+def frozen_part(group: MergeGroup, lead: TargetNN) -> nn.Module:
+    """The submodule of the lead's model that ``group.freeze`` names, checked: it exists and does not hold the
+    output layer (which the merged NN widens, so it must learn). ``qaopt validate`` calls it before any run."""
+    path = group.freeze
+    try:
+        part = lead.model.get_submodule(path)
+    except AttributeError:
+        children = [name for name, _ in lead.model.named_children()]
+        raise ApproxError(group.name, "freeze", f"NN {lead.name!r} (the group's lead) has no submodule {path!r}; "
+                                                f"its top-level submodules are {children}: name the one that computes "
+                                                "the features its output layer reads") from None
+    inside = {id(p) for p in part.parameters()}
+    if any(id(p) in inside for head in output_heads(lead.model, lead.example_input) for p in head.parameters()):
+        raise ApproxError(group.name, "freeze", f"{path!r} holds NN {lead.name!r}'s output layer, which the merged "
+                                                "NN widens to every member's outputs and must learn; name the part "
+                                                "before the output layer (its backbone)")
+    return part
+
+
+@contextlib.contextmanager
+def _replayed(model: MergedHeads, group: MergeGroup, lead: TargetNN, frames, device: str):
+    """The training frames to distil ``model`` on: as they are, or, when the group freezes a part of the lead,
+    with that part's outputs computed once and replayed while the rest trains (the part put back after)."""
+    if group.freeze is None:
+        yield frames
+        return
+    frozen_part(group, lead)
+    path = group.freeze
+    part = model.model.get_submodule(path)
+    replay = _Replay(_outputs_of(model, part, path, group, frames, device))
+    parent, _, name = path.rpartition(".")
+    owner = model.model.get_submodule(parent)
+    setattr(owner, name, replay)
+    try:
+        yield _ReplayedFrames(frames, replay)
+    finally:
+        setattr(owner, name, part)
+
+
+def _outputs_of(model: nn.Module, part: nn.Module, path: str, group: MergeGroup, frames, device: str,
+                batch: int = 64) -> torch.Tensor:
+    """``part``'s outputs when ``model`` (in eval mode, as it runs) reads each of ``frames``, on the CPU."""
+    captured: list = []
+    hook = part.register_forward_hook(lambda module, args, out: captured.append(out))
+    there = torch.device(device)
+    model.eval().to(there)
+    outputs = []
+    try:
+        with torch.no_grad(), reproducible(there):
+            for i in range(0, len(frames), batch):
+                captured.clear()
+                model(torch.from_numpy(np.asarray(frames[i:i + batch], dtype=np.float32)).to(there))
+                if len(captured) != 1 or not isinstance(captured[0], torch.Tensor):
+                    what = f"runs {len(captured)} times" if len(captured) != 1 else "returns no single tensor"
+                    raise ApproxError(group.name, "freeze", f"{path!r} {what} in one forward pass; a frozen part "
+                                      "must run once and return one tensor (the features the output layer reads)")
+                outputs.append(captured[0].float().cpu())
+    finally:
+        hook.remove()
+        model.to("cpu")
+    return torch.cat(outputs)
 
 
 def _reference_outputs(member: TargetNN, lead: TargetNN, split: str, store: Store, device: str) -> np.ndarray:

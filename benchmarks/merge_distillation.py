@@ -1,13 +1,14 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
-        [--precision auto] [--device auto] [--order NN ...] [--workers 2] [--spec examples/cropfollow.yaml]
+        [--freeze spec] [--precision auto] [--device auto] [--order NN ...] [--workers 2] [--spec examples/cropfollow.yaml]
         [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
 the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
-fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is), trained in ``--precision`` (``auto``:
+fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is), ``--freeze`` kept as the lead trained
+it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end), trained in ``--precision`` (``auto``:
 what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision, so give a
 cache that does not hold that merged NN yet) on ``--device`` (``auto``: where ``qaopt optimize`` trains,
 ``training.device``, so a GPU distils the ResNet-18 spec's merge), with its members in ``--order`` (default the
@@ -45,9 +46,10 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
     return load_entry_point(params["entry_point"])(**params["params"]).evaluate_perception(nns, seeds)
 
 
-def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, device: str):
-    """The spec's first merge group as ``qaopt optimize`` builds it, its members in ``order`` (default the spec's) and
-    distilled ``steps``; its lead's plain int8 knobs (the informed cheapest trial's); and each member's reference
+def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, device: str,
+                freeze: str | None):
+    """The spec's first merge group as ``qaopt optimize`` builds it, its members in ``order`` (default the spec's),
+    distilled ``steps`` with ``freeze`` frozen; its lead's plain int8 knobs (the informed cheapest trial's); and each member's reference
     candidate (fp32, nothing approximated), built or read from ``cache``."""
     from qaopt import kernels
     from qaopt.approx import KnobSpace, build
@@ -58,7 +60,7 @@ def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, 
     # The members as qaopt optimize builds them: with on-policy error data (LaneKeep) their data, and so the merged
     # NN's cache key and distillation seed, are the recordings', not the dataset's.
     nns = target_nns(spec, Path(cache), order)
-    group = MergeGroup(tuple(nns[n] for n in order), steps)
+    group = MergeGroup(tuple(nns[n] for n in order), steps, freeze)
     lead = group.lead().name
     base = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")
     references = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, recipe=recipe,
@@ -74,7 +76,7 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of
 
     cache = args.cache_dir or cache_dir_of(spec)
-    group, base, references = merge_group(spec, cache, steps, args.order, recipe, args.device)
+    group, base, references = merge_group(spec, cache, steps, args.order, recipe, args.device, args.freeze)
     lead = group.lead().name
     reference = {n: c.error for n, c in references.items()}
     knobs = base.model_copy(update={"input_scale": args.scale, "finetune_steps": args.adapt})
@@ -92,7 +94,7 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     records = [r for f in blocks for r in f.result()]
     goal, test = goal_of(spec), acceptance_of(spec)
     failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]
-    row = {"steps": steps, "lead": lead, "command": " ".join(["python", *sys.argv]),
+    row = {"steps": steps, "lead": lead, "freeze": args.freeze, "command": " ".join(["python", *sys.argv]),
            "knobs": {"dtype": "int8", "input_scale": args.scale, "finetune_steps": args.adapt},
            "precision": recipe.precision,
            "error": {n: v.error for n, v in views.items()}, "reference_error": reference,
@@ -109,6 +111,7 @@ def variant(steps: int, args: argparse.Namespace, precision: str) -> str:
     precision and order existed: ``<steps>.json``)."""
     name = f"{steps}" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}"
     name += f"-{'+'.join(args.order)}" if args.order else ""
+    name += f"-frozen-{args.freeze}" if args.freeze else ""
     return f"{name}.json" if precision == "fp32" else f"{name}-{precision}.json"
 
 
@@ -125,6 +128,8 @@ def main() -> None:
                     help="where to distil (auto: where qaopt optimize trains, training.device)")
     ap.add_argument("--order", nargs="+", default=None,
                     help="the merge group's members in this order (default: the spec's search.merge[0].nns)")
+    ap.add_argument("--freeze", default="spec", help="the lead's submodule kept as trained while the merged NN "
+                    "distils (spec: search.merge[0].freeze; none: end to end)")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "merge_distillation.json")
@@ -145,6 +150,7 @@ def main() -> None:
                  f"{', '.join(spec.search.merge[0].nns)}")
     if args.device == "auto":
         args.device = training_device(spec.training)
+    args.freeze = {"spec": spec.search.merge[0].freeze, "none": None}.get(args.freeze, args.freeze)
     recipe = finetune_recipe(spec.training.model_copy(update={"precision": args.precision}), args.device)
     done = (args.cache_dir or cache_dir_of(spec)) / "merge_distillation"
     done.mkdir(parents=True, exist_ok=True)

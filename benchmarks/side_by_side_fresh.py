@@ -39,7 +39,7 @@ def rebuilt(spec, result: dict, cache_dir: Path) -> dict[str, dict[str, tuple[ob
     from qaopt.approx.merge import MergeGroup, build_merged
 
     nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in spec.nns}
-    steps = {tuple(g.nns): g.finetune_steps for g in spec.search.merge}
+    groups = {tuple(g.nns): g for g in spec.search.merge}
     recipe = FinetuneRecipe(**result.get("finetune", {}))  # the bytes the run chose, not a retrained NN
     sides = {}
     for side in SIDES:
@@ -48,7 +48,8 @@ def rebuilt(spec, result: dict, cache_dir: Path) -> dict[str, dict[str, tuple[ob
             knobs = Knobs.model_validate(choice["knobs"])
             serves = choice.get("serves") or []
             if serves:
-                group = MergeGroup(tuple(nns[n] for n in serves), steps[tuple(serves)])
+                spec_group = groups[tuple(serves)]
+                group = MergeGroup(tuple(nns[n] for n in serves), spec_group.finetune_steps, spec_group.freeze)
                 candidate = build_merged(group, knobs, cache_dir=cache_dir, recipe=recipe, onnx=kernels.onnx)[name]
             else:
                 candidate = build(nns[name], knobs, cache_dir=cache_dir, recipe=recipe, onnx=kernels.onnx)

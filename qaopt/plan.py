@@ -149,6 +149,8 @@ class MergePlan:
 
     nns: tuple[str, ...]
     finetune_steps: int
+    freeze: str | None = None
+    """The lead's submodule kept as trained while the merged NN distils (``search.merge[].freeze``)."""
 
     @property
     def param(self) -> str:
@@ -267,7 +269,7 @@ def build_plan(
         train_device=(device := training_device(spec.training, say)),
         finetune=finetune_recipe(spec.training, device, say),
         knob_spaces={name: KnobSpace.from_section(spec.knobs_for(name), limits, nn=name) for name in spec.nns},
-        merge_groups=tuple(MergePlan(tuple(g.nns), g.finetune_steps) for g in spec.search.merge),
+        merge_groups=tuple(MergePlan(tuple(g.nns), g.finetune_steps, g.freeze) for g in spec.search.merge),
         closed_loop=ClosedLoopPlan(
             every=0 if prof.closed_loop_checks == 0 else checks.every,
             per_round=checks.configurations,

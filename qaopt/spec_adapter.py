@@ -136,13 +136,14 @@ def check_nn_shapes(spec: AppSpec, progress: Callable[[str], None] = lambda mess
         "may build or train it the first time)"])
     slow.daemon = True
     slow.start()
-    problems = []
+    problems, targets = [], {}
     try:
         for name, nn in spec.nns.items():
             try:
                 target = TargetNN.from_spec(name, nn)  # checks the data's shapes against input_shape
                 _check_sample(target, nn.input_shape, len(nn.outputs))
                 problems += _pass_problems(spec, name, target)
+                targets[name] = target
             except (_ShapeError, EntryPointFailed) as exc:
                 message = exc.detail if isinstance(exc, EntryPointFailed) else str(exc)
                 problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": message}])
@@ -152,10 +153,28 @@ def check_nn_shapes(spec: AppSpec, progress: Callable[[str], None] = lambda mess
             except Exception as exc:  # noqa: BLE001 - the user's NN failed on its own data
                 problems += located(spec, [{"loc": ("nns", name), "msg": f"running a sample of its data through the NN "
                                                                        f"raised {type(exc).__name__}: {exc}"}])
+        problems += _merge_problems(spec, targets)
     finally:
         slow.cancel()
     if problems:
         raise SpecError(problems)
+
+
+def _merge_problems(spec: AppSpec, targets: dict) -> list:
+    """Each merge group's ``freeze`` that its lead's model cannot take, at its line (groups whose NNs all loaded)."""
+    from qaopt.approx import ApproxError
+    from qaopt.approx.merge import MergeGroup, frozen_part
+
+    errors = []
+    for i, group in enumerate(spec.search.merge):
+        if group.freeze is None or not all(n in targets for n in group.nns):
+            continue
+        merge = MergeGroup(tuple(targets[n] for n in group.nns), group.finetune_steps, group.freeze)
+        try:
+            frozen_part(merge, merge.lead())
+        except ApproxError as exc:
+            errors.append({"loc": ("search", "merge", i, "freeze"), "msg": str(exc)})
+    return located(spec, errors)
 
 
 def _pass_problems(spec: AppSpec, name: str, target) -> list:

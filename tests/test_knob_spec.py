@@ -99,6 +99,7 @@ def test_a_scale_the_architecture_cannot_take_is_found_by_validate(tmp_path, cap
 def test_inputs_merge_groups_and_resolution_validate(tmp_path, capsys):
     def edit(d):
         _reading()(d)
+        d["search"]["merge"][0]["freeze"] = "features"
         d["approximations"]["all"]["resolution"] = {"scales": [1.0, 0.5], "align": 4}
 
     path = tiny_spec(tmp_path, edit)
@@ -106,8 +107,28 @@ def test_inputs_merge_groups_and_resolution_validate(tmp_path, capsys):
     assert code == 0, err
     assert out.startswith(f"{path}: ok — app 'tiny', NNs a, b") and "each NN runs a sample of its data" in out
     spec = load(path)
-    assert [(g.nns, g.finetune_steps) for g in spec.search.merge] == [(["a", "b"], 300)]
+    assert [(g.nns, g.finetune_steps, g.freeze) for g in spec.search.merge] == [(["a", "b"], 300, "features")]
     assert spec.knobs_for("b")["resolution"] == {"scales": [1.0, 0.5], "align": 4}
+
+
+@pytest.mark.parametrize(("freeze", "message"), [
+    ("trunk", "NN 'a' (the group's lead) has no submodule 'trunk'; its top-level submodules are ['features', "
+              "'head']: name the one that computes the features its output layer reads"),
+    ("head", "'head' holds NN 'a''s output layer, which the merged NN widens to every member's outputs and must "
+             "learn; name the part before the output layer (its backbone)"),
+])
+def test_a_freeze_the_leads_model_cannot_take_is_found_by_validate(tmp_path, capsys, freeze, message):
+    path = tiny_spec(tmp_path, lambda d: (_reading()(d), d["search"]["merge"][0].update(freeze=freeze)))
+    error = one_error(capsys, path, "validate", "--no-application")
+    assert f": search.merge.0.freeze: NN 'a+b', knob 'freeze': {message}" in error
+    assert line_of(path, error).strip() == f"freeze: {freeze}"
+
+
+def test_a_freeze_that_is_no_attribute_path_is_refused_at_its_line(tmp_path, capsys):
+    path = tiny_spec(tmp_path, lambda d: (_reading()(d), d["search"]["merge"][0].update(freeze="features[0]")))
+    error = one_error(capsys, path, "validate", "--no-imports")
+    assert ": search.merge.0.freeze: " in error and "should match pattern" in error
+    assert line_of(path, error).strip() == "freeze: features[0]"
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -77,6 +78,37 @@ def test_a_long_merge_distillation_says_how_far_it_is(pair, tmp_path, monkeypatc
     said.clear()
     merged_target(MergeGroup(pair, finetune_steps=4), cache_dir=tmp_path, recipe=FAST, progress=said.append)
     assert said == [], "read back from the cache, it has nothing to report"
+
+
+def test_a_frozen_backbone_stays_the_leads_and_the_new_head_learns_on_its_features(pair, tmp_path):
+    """A group that freezes its lead's backbone distils only what reads it, on features computed once: the backbone
+    comes out bit for bit the lead's, the widened head still learns the other NN's outputs in its unit, and the
+    merged NN is keyed apart from the one distilled end to end."""
+    from qaopt.approx.merge import merged_target
+
+    frozen = MergeGroup(pair, finetune_steps=150, freeze="backbone")
+    target = merged_target(frozen, cache_dir=tmp_path, recipe=FAST)
+    lead = pair[0]  # equal MACs: the first listed leads
+    kept, trained = target.model.model.backbone.state_dict(), lead.model.backbone.state_dict()
+    assert kept.keys() == trained.keys() and all(torch.equal(kept[k], trained[k]) for k in kept)
+    end_to_end = merged_target(MergeGroup(pair, finetune_steps=150), cache_dir=tmp_path, recipe=FAST)
+    assert target.architecture != end_to_end.architecture
+    views = build_merged(frozen, Knobs(), cache_dir=tmp_path, onnx=onnx_toolchain, recipe=FAST)
+    ratio = pair[1].data.y_val
+    assert views["distance"].error < 0.5 * np.abs(ratio - ratio.mean()).mean()
+
+
+@pytest.mark.parametrize(("freeze", "message"), [
+    ("trunk", "has no submodule 'trunk'; its top-level submodules are ['backbone', 'head']"),
+    ("head", "'head' holds NN 'heading''s output layer"),
+])
+def test_a_freeze_the_lead_cannot_take_is_refused_before_any_step(pair, tmp_path, freeze, message):
+    from qaopt.approx import ApproxError
+    from qaopt.approx.merge import merged_target
+
+    with pytest.raises(ApproxError, match=re.escape(message)):
+        merged_target(MergeGroup(pair, finetune_steps=150, freeze=freeze), cache_dir=tmp_path, recipe=FAST)
+    assert not list((tmp_path / "merged").glob("*/*")), "nothing half-trained is stored"
 
 
 def test_a_merged_int8_graph_keeps_the_small_unit_head_accurate(pair, tmp_path):

@@ -53,6 +53,10 @@
 #            order of its merge group (which NN leads) for each of $QAOPT_MERGE_STEPS (default 3000 1200 300), 48
 #            closed-loop runs a variant on the cores, in the background (poll; collect brings
 #            merge/merge_distillation_resnet18_<order>.json and merge.log)
+#   readme-cpu  the README's first command as on a 2-core CPU machine (issue 30's time goal): `qaopt optimize
+#            examples/cropfollow.yaml --profile quick`, empty cache, on cores 0-1 of this host with the GPU hidden
+#            and 2 threads, in the background; `progress` (and so `poll`) shows its log and brings $OUT/readme-cpu.tgz
+#            (its log, wall seconds, stage seconds, report and result)
 #   scenes   benchmarks/scene_failures.py on the real result's state (the running one's, else the carried
 #            snapshot) with the same spec fields and --reference: which selection seeds the validated configurations'
 #            real NNs failed, whether perfect NNs, their injected errors and the reference NNs fail them too
@@ -153,7 +157,19 @@ for step in "$@"; do
         > "$BG/$name-bg.log" 2>&1 < /dev/null &
       echo "$name: $SPEC on GPU $GPU, cores $CORES"
       ;;
+    readme-cpu)
+      mkdir -p "$BG/readme-cpu"
+      setsid nohup bash -c "start=\$(date +%s); CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=2 taskset -c 0,1 '$BIN/qaopt' \
+        optimize examples/cropfollow.yaml --profile quick --out '$BG/readme-cpu/run' > '$BG/readme-cpu/log.txt' 2>&1; \
+        echo \"exit \$? seconds \$(( \$(date +%s) - start ))\" > '$BG/readme-cpu/seconds.txt'" \
+        > /dev/null 2>&1 < /dev/null &
+      ;;
     progress)
+      if [ -d "$BG/readme-cpu" ]; then
+        echo "== readme-cpu"; tail -c 1500 "$BG/readme-cpu/log.txt" | tr '\r' '\n' | tail -12; cat "$BG/readme-cpu/seconds.txt" 2>/dev/null
+        (cd "$BG/readme-cpu" && tar czf "$OUT/readme-cpu.tgz" log.txt seconds.txt run/stage_seconds.json run/report.md \
+          run/result.json 2>/dev/null)
+      fi
       # Each poll also brings back a snapshot of each run (its logs, and its run folder less the exported NNs: the
       # study, region, closed-loop evidence, result; and the closed-loop runs' blocks of the shared cache, so that a
       # resumed run does not validate again), so that a machine lost mid-run keeps what ran until then.

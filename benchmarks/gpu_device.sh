@@ -166,7 +166,8 @@ for step in "$@"; do
       ;;
     progress)
       if [ -d "$BG/readme-cpu" ]; then
-        echo "== readme-cpu"; tail -c 1500 "$BG/readme-cpu/log.txt" | tr '\r' '\n' | tail -12; cat "$BG/readme-cpu/seconds.txt" 2>/dev/null
+        echo "== readme-cpu"; tail -c 1500 "$BG/readme-cpu/log.txt" | tr '\r' '\n' | tail -12
+        cat "$BG/readme-cpu/seconds.txt" 2>/dev/null
         (cd "$BG/readme-cpu" && tar czf "$OUT/readme-cpu.tgz" log.txt seconds.txt run/stage_seconds.json run/report.md \
           run/result.json 2>/dev/null)
       fi

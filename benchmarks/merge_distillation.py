@@ -1,15 +1,15 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
-        [--freeze spec] [--precision auto] [--device auto] [--order NN ...] [--workers 2] [--spec examples/cropfollow.yaml]
-        [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
+        [--freeze spec] [--precision auto] [--device auto] [--order NN ...] [--workers 2]
+        [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
 the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
 fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is), ``--freeze`` kept as the lead trained
-it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end), trained in ``--precision`` (``auto``:
-what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision, so give a
+it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end), trained in ``--precision``
+(``auto``: what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision, so give a
 cache that does not hold that merged NN yet) on ``--device`` (``auto``: where ``qaopt optimize`` trains,
 ``training.device``, so a GPU distils the ResNet-18 spec's merge), with its members in ``--order`` (default the
 spec's; the first listed leads on equal MACs: ``docs/knobs.md``, "Which NN leads"); measures each member's error on its
@@ -49,8 +49,8 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
 def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, device: str,
                 freeze: str | None):
     """The spec's first merge group as ``qaopt optimize`` builds it, its members in ``order`` (default the spec's),
-    distilled ``steps`` with ``freeze`` frozen; its lead's plain int8 knobs (the informed cheapest trial's); and each member's reference
-    candidate (fp32, nothing approximated), built or read from ``cache``."""
+    distilled ``steps`` with ``freeze`` frozen; its lead's plain int8 knobs (the informed cheapest trial's); and each
+    member's reference candidate (fp32, nothing approximated), built or read from ``cache``."""
     from qaopt import kernels
     from qaopt.approx import KnobSpace, build
     from qaopt.approx.merge import MergeGroup

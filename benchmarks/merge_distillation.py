@@ -9,8 +9,8 @@ that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:fun
 the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
 fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is), ``--freeze`` kept as the lead trained
 it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end), trained in ``--precision``
-(``auto``: what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision, so give a
-cache that does not hold that merged NN yet) on ``--device`` (``auto``: where ``qaopt optimize`` trains,
+(``auto``: what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision,
+so give a cache that does not hold that merged NN yet) on ``--device`` (``auto``: where ``qaopt optimize`` trains,
 ``training.device``, so a GPU distils the ResNet-18 spec's merge), with its members in ``--order`` (default the
 spec's; the first listed leads on equal MACs: ``docs/knobs.md``, "Which NN leads"); measures each member's error on its
 own validation data against its reference NN's; and runs the merged NN in the closed loop: ``--runs`` seeded runs

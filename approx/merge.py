@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +129,12 @@ class MergeGroup:
         if len(shapes) != 1:
             raise ApproxError(merged_name(names), "merge", f"the NNs take inputs of different shapes {sorted(shapes)}; "
                                                            "only NNs that read the same input can share a backbone")
+
+    @classmethod
+    def from_section(cls, section, nns: Mapping[str, TargetNN]) -> MergeGroup:
+        """The group a spec's ``search.merge`` entry (or a run's plan of it: anything with ``nns``,
+        ``finetune_steps`` and ``freeze``) names, over the loaded ``nns``."""
+        return cls(tuple(nns[n] for n in section.nns), section.finetune_steps, section.freeze)
 
     @property
     def names(self) -> tuple[str, ...]:

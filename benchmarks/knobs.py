@@ -143,8 +143,7 @@ def run_app(app: str, args: argparse.Namespace, folder: Path, t0: float) -> list
     names = list(spec.nns)
     print(f"{app}: loading the reference NNs and their data ({', '.join(names)})", flush=True)
     nns = {n: TargetNN.from_spec(n, spec.nns[n]) for n in names}
-    merge = spec.search.merge[0]
-    group = MergeGroup(tuple(nns[n] for n in merge.nns), merge.finetune_steps, merge.freeze)
+    group = MergeGroup.from_section(spec.search.merge[0], nns)
     reference = {n: build(nns[n], knobs_of(1.0, 0.0, "fp32"), cache_dir=args.cache, onnx=kernels.onnx).error
                  for n in names}
     print(f"{app}: reference errors " + ", ".join(f"{n} {e:.4g}" for n, e in reference.items()), flush=True)

@@ -67,8 +67,6 @@ def _predict(module: nn.Module, column: int, x):
     return predict_torch(module, x)[:, [column]]
 
 
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache-dir", type=Path, default=Path("examples/.qaopt-cache"))

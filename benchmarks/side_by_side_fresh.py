@@ -48,8 +48,7 @@ def rebuilt(spec, result: dict, cache_dir: Path) -> dict[str, dict[str, tuple[ob
             knobs = Knobs.model_validate(choice["knobs"])
             serves = choice.get("serves") or []
             if serves:
-                spec_group = groups[tuple(serves)]
-                group = MergeGroup(tuple(nns[n] for n in serves), spec_group.finetune_steps, spec_group.freeze)
+                group = MergeGroup.from_section(groups[tuple(serves)], nns)
                 candidate = build_merged(group, knobs, cache_dir=cache_dir, recipe=recipe, onnx=kernels.onnx)[name]
             else:
                 candidate = build(nns[name], knobs, cache_dir=cache_dir, recipe=recipe, onnx=kernels.onnx)

@@ -242,7 +242,7 @@ class SearchContext:
                             progress=self.say)
 
     def merge_group(self, group: MergePlan) -> MergeGroup:
-        return MergeGroup(tuple(self.nns[n] for n in group.nns), group.finetune_steps, group.freeze)
+        return MergeGroup.from_section(group, self.nns)
 
     @cached_property
     def merge_leads(self) -> dict[MergePlan, str]:

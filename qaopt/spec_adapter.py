@@ -169,7 +169,7 @@ def _merge_problems(spec: AppSpec, targets: dict) -> list:
     for i, group in enumerate(spec.search.merge):
         if group.freeze is None or not all(n in targets for n in group.nns):
             continue
-        merge = MergeGroup(tuple(targets[n] for n in group.nns), group.finetune_steps, group.freeze)
+        merge = MergeGroup.from_section(group, targets)
         try:
             frozen_part(merge, merge.lead())
         except ApproxError as exc:

@@ -190,7 +190,7 @@ class TuningDatabase:
         Loading a record replays its trace, and a trace that names an intrinsic not
         registered in this process fails the whole load ("TensorIntrin 'dot_16x4_vnni'
         is not registered"): an int8 candidate's records would break every later
-        tuning run on the target. Parsing the intrinsics costs 10-20 s, so it is paid
+        tuning run on the target. Parsing the intrinsics costs seconds, so it is paid
         only when a record needs them.
         """
         from tvm.s_tir import meta_schedule as ms

@@ -28,6 +28,11 @@ does not recognize.
 
 from __future__ import annotations
 
+import inspect
+import linecache
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -277,15 +282,16 @@ def load_tensor_intrinsics() -> bool:
     """Register TVM's tensor intrinsics, with ``dot_16x4_vnni`` made to compile; True when it had to be replaced.
 
     Tuning (MetaSchedule's tune context imports them) and loading a tuning database
-    whose records tensorize both need them; parsing them costs 10-20 s once per
-    process.
+    whose records tensorize both need them; parsing them costs about 5 s once per
+    process (40-80 s with the standard ``inspect.stack``: :func:`_frames_without_module_lookup`).
 
     TVM 0.27 declares the intrinsic's ``vpdpbusd`` operands as ``int32x16``; the
     LLVM it ships (22) declares ``llvm.x86.avx512.vpdpbusd.512`` on ``<64 x i8>``,
     so every tensorized candidate failed LLVM's verifier and MetaSchedule never
     measured one. An LLVM that rejects the byte-operand form keeps TVM's own.
     """
-    import tvm.s_tir.tensor_intrin  # noqa: F401 (registers every intrinsic)
+    with _frames_without_module_lookup():
+        import tvm.s_tir.tensor_intrin  # noqa: F401 (registers every intrinsic)
     from tvm.s_tir import TensorIntrin
     from tvm.s_tir.tensor_intrin import x86
 
@@ -294,6 +300,34 @@ def load_tensor_intrinsics() -> bool:
         return False
     TensorIntrin.register(VNNI_INTRIN, x86.dot_product_16x4_u8i8i32_desc, impl, override=True)
     return True
+
+
+@contextmanager
+def _frames_without_module_lookup() -> Iterator[None]:
+    """While TVM's tensor intrinsics register, ``inspect.stack()`` reads each frame's line from ``linecache`` alone.
+
+    TVMScript's ``prim_func`` decorator calls ``inspect.stack()`` for every function it parses (several hundred
+    here, nested ones included). For each frame on the stack, the standard one looks up the frame's module, and
+    for a file it has not seen (the ``<frozen importlib...>`` frames of the import that registers them) that
+    scans all of ``sys.modules``: 40-80 s of a process with torch loaded, most of a small tuning run (profiled:
+    82 of the 100 s of a survey tune). TVM reads only the frames, their functions and the third frame's source
+    line (whether the function is defined in a class), which this version gives the same.
+    """
+    def stack(context: int = 1) -> list[inspect.FrameInfo]:
+        frames, frame = [], sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            line = linecache.getline(code.co_filename, frame.f_lineno) if context > 0 else ""
+            frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name,
+                                            [line] if line else None, 0 if line else None))
+            frame = frame.f_back
+        return frames
+
+    standard, inspect.stack = inspect.stack, stack
+    try:
+        yield
+    finally:
+        inspect.stack = standard
 
 
 def _compiles(impl: Any) -> bool:

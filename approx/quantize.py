@@ -89,17 +89,26 @@ def cast(model: nn.Module, torch_dtype: str | None) -> nn.Module:
     return model.to(getattr(torch, torch_dtype or "float32")).eval()
 
 
-def predict_torch(model: nn.Module, x: np.ndarray, batch: int = 32, device: str = "cpu") -> np.ndarray:
+CPU_BATCH, GPU_BATCH = 8, 32
+"""Frames per forward pass of :func:`predict_torch` on a CPU and on a GPU. On a CPU, torch's kernels ran CropFollow's
+compact NN 1.6x slower per frame at 32 frames a batch (40 MB of activations a layer, past the caches) than at 4-16
+(benchmarks/error_inference.py, docs/BENCHMARKS.md "Error inference"), with the same outputs; every candidate's error
+is its outputs on thousands of frames, so that was a large share of a search. A GPU wants the larger batch."""
+
+
+def predict_torch(model: nn.Module, x: np.ndarray, batch: int | None = None, device: str = "cpu") -> np.ndarray:
     """Outputs of a torch module in its own dtype, as float32 numpy; run on ``device``, the module left where it was.
 
-    A module that already lives on ``device`` stays there without a copy, so a caller that runs it frame by frame
-    (a closed-loop run on a GPU) places it once.
+    ``batch`` frames go through it at a time (``None``: :data:`CPU_BATCH` or :data:`GPU_BATCH`, by ``device``). A
+    module that already lives on ``device`` stays there without a copy, so a caller that runs it frame by frame (a
+    closed-loop run on a GPU) places it once.
     """
     first = next(model.parameters())
     dtype, home, there = first.dtype, first.device, torch.device(device)
     # Moving a module visits every parameter even when it stays put (0.26 ms a move for CropFollow's compact NN,
     # two a call: about 6 % of a closed-loop run), so a module already on the device is not moved.
     move = home.type != there.type or (there.index is not None and there.index != home.index)
+    batch = batch or (CPU_BATCH if there.type == "cpu" else GPU_BATCH)
     outs = []
     if move:
         model.to(there)

@@ -89,6 +89,11 @@ class KnobSpace:
     def _space(self, p, chosen: Knobs | None) -> dict[str, Any]:
         return p.space(self.configs.get(p.name), self.limits, chosen)
 
+    def offers(self, knob: str, chosen: Knobs) -> bool:
+        """Whether a trial whose other knobs are ``chosen`` sets ``knob``: a pass may offer its knobs only to some
+        (fine-tuning only to an NN that another pass damaged), and :meth:`sample` leaves the rest at their defaults."""
+        return knob in self._space(get_pass(knob_owners()[knob]), chosen)
+
     def sample(self, trial: Any, prefix: str, seed: int = 0) -> Knobs:
         """One trial's knobs, each searched knob suggested to ``trial`` as ``<prefix>.<knob>``, pass by pass."""
         chosen: dict[str, Any] = {}

@@ -18,8 +18,8 @@ an Optuna study of its own:
   at most :data:`~qaopt.seeding.WALK_BUILDS` builds).
 
 A merge group's study is skipped, with its reason in the result (``StudySummary.skipped``), when
-its merged NN with nothing else approximated (full precision and resolution, unpruned, the most
-fine-tuning the space allows) is already outside a member's tolerance: by the premise the
+its merged NN with nothing else approximated (full precision and resolution, unpruned, so not fine-tuned
+further: :func:`~qaopt.seeding.most_finetuned`) is already outside a member's tolerance: by the premise the
 walks rest on (what approximates more errs more), no trial of it could be within, and on
 CropFollow its six trials cost 40 s of a ten-minute quick run.
 
@@ -80,7 +80,7 @@ from qaopt.search import (
     optimize_until,
     summarize,
 )
-from qaopt.seeding import Unit, merged_units, most_finetuning, walk
+from qaopt.seeding import Unit, merged_units, most_finetuned, walk
 from qaopt.study_lock import study_lock
 from qaopt.tolerance import Judgement
 
@@ -192,18 +192,18 @@ def deepest_ratio(ctx: SearchContext, unit: Unit) -> Knobs | None:
         return None
     # Judged without fine-tuning, which is cheap and only errs more; the seed is a point of the search space (a
     # pruned NN is fine-tuned), with the most fine-tuning it samples, so within tolerance a fortiori.
-    return space.base(prune_ratio=accepted[-1][1], seed=plan.seed, finetune_steps=most_finetuning(space))
+    return most_finetuned(space, space.base(prune_ratio=accepted[-1][1], seed=plan.seed))
 
 
 def merge_outside(ctx: SearchContext, unit: Unit) -> str | None:
     """Why no trial of a merged ``unit`` can be within tolerance (``None``: it may be, or it is one NN alone).
 
-    Judged on the merged NN with nothing else approximated and the most fine-tuning the space allows.
+    Judged on the merged NN with nothing else approximated, as a trial of it builds it (no further fine-tuning).
     """
     if unit.group is None:
         return None
     space = ctx.plan.knob_spaces[unit.nn]
-    candidates = ctx.build_unit(unit, space.base(seed=ctx.plan.seed, finetune_steps=most_finetuning(space)))
+    candidates = ctx.build_unit(unit, most_finetuned(space, space.base(seed=ctx.plan.seed)))
     if nonfinite(candidates):
         return f"the merged NN outputs NaN or inf ({nonfinite(candidates)})"
     over = {n: j for n, c in candidates.items() if not (j := ctx.judgement(n, c)).within}

@@ -14,7 +14,7 @@ fastest dtype, merged. So each study starts from informed trials:
    latency times each of its knobs' measured factors (a unit is an NN alone or a
    merged group). The estimate only orders the walk; trials measure the real figure.
 3. **Walking.** Combinations, sorted by estimate, are built with the run's full
-   fine-tuning budget and bisected for the cheapest one inside the region (the whole
+   fine-tuning budget where a trial of them fine-tunes (:func:`most_finetuned`: not an NN only quantized) and bisected for the cheapest one inside the region (the whole
    configuration is judged; the agnostic baseline seeds its per-unit studies itself,
    :mod:`qaopt.agnostic`). At most :data:`WALK_BUILDS` builds per walk; every candidate built here is cached and
    reused by the trials. Layouts (merge groups merged, or every NN alone) are walked
@@ -167,10 +167,13 @@ def merged_units(nns: Sequence[str], groups: Sequence[MergePlan], leads: Mapping
     return [Unit(leads[g], g) for g in groups] + [Unit(n) for n in nns if n not in grouped]
 
 
-def most_finetuning(space: KnobSpace) -> int:
-    """The most fine-tuning steps ``space`` samples (0 when it has no fine-tuning): what a walk builds with, since
-    fine-tuning only lowers a damaged NN's error."""
-    return max(space.choices("finetune_steps") or [0])
+def most_finetuned(space: KnobSpace, knobs: Knobs) -> Knobs:
+    """``knobs`` with the most fine-tuning steps a trial of them samples: what a walk builds and judges, since
+    fine-tuning only lowers a damaged NN's error. None where nothing is damaged (an NN only quantized, a merged NN
+    otherwise intact): a trial of those runs none, and fine-tuning them would judge, and spend minutes building,
+    a candidate no trial runs."""
+    steps = max(space.choices("finetune_steps") or [0]) if space.offers("finetune_steps", knobs) else 0
+    return knobs_of(knobs, [{"finetune_steps": steps}])
 
 
 def knobs_of(base: Knobs, combination: Sequence[Probe]) -> Knobs:
@@ -201,7 +204,9 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     probes = {u: [p for p in plan.knob_spaces[u.nn].probes() if knobs_of(base[u], [p]) != base[u]] for u in units}
     if not any(probes.values()) and not plan.merge_groups:
         return [], None
-    full = {u: knobs_of(base[u], [{"finetune_steps": most_finetuning(plan.knob_spaces[u.nn])}]) for u in units}
+
+    def judged(unit: Unit, combo: Sequence[Probe]) -> Knobs:
+        return most_finetuned(plan.knob_spaces[unit.nn], knobs_of(base[unit], combo))
 
     def latency(unit: Unit, probe: Probe) -> float:
         return ctx.quick(ctx.build_unit(unit, knobs_of(base[unit], [probe] if probe else [])))[0]
@@ -214,7 +219,7 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     def feasible(choice: Mapping[Unit, tuple[Probe, ...]]) -> bool:
         candidates: dict[str, Candidate] = {}
         for unit, combo in choice.items():
-            candidates.update(ctx.build_unit(unit, knobs_of(full[unit], combo)))
+            candidates.update(ctx.build_unit(unit, judged(unit, combo)))
         inside = (not any(c.nonfinite_outputs for c in candidates.values())
                   and ctx.violation("aware", ctx.errors_of(candidates), candidates, region) <= 0)
         tried.append(WalkTry(choice=_describe(choice), estimated_ms=_estimate(screening, choice), inside=inside))
@@ -250,7 +255,7 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     for (estimate, choice), role in zip(chosen, ("cheapest", "fallback"), strict=False):
         note(f"aware: informed trial ({role}) {_describe(choice)} (estimated {estimate:.2f} ms untuned, "
              f"reference {reference_ms:.2f} ms)")
-    return [_params(ctx, full, choice) for _, choice in chosen], record
+    return [_params(ctx, judged, choice) for _, choice in chosen], record
 
 
 def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasible: Callable[[Any], bool],
@@ -333,12 +338,14 @@ def _estimate(screening: Screening, choice: Mapping[Unit, tuple[Probe, ...]]) ->
     return sum(screening.estimate(u, c) for u, c in choice.items())
 
 
-def _params(ctx: SearchContext, full: Mapping[Unit, Knobs], choice: Mapping[Unit, tuple[Probe, ...]]) -> dict[str, Any]:
-    """The study's trial parameters for ``choice`` (every NN's knobs, the merge flags, sequential)."""
+def _params(ctx: SearchContext, judged: Callable[[Unit, Sequence[Probe]], Knobs],
+            choice: Mapping[Unit, tuple[Probe, ...]]) -> dict[str, Any]:
+    """The study's trial parameters for ``choice`` (every NN's knobs as the walk judged them, the merge flags,
+    sequential)."""
     plan = ctx.plan
     params: dict[str, Any] = {"schedule": "sequential", **{g.param: False for g in plan.merge_groups}}
     for unit, combo in choice.items():
-        params.update(plan.knob_spaces[unit.nn].params_of(knobs_of(full[unit], combo), unit.nn))
+        params.update(plan.knob_spaces[unit.nn].params_of(judged(unit, combo), unit.nn))
         if unit.group is not None:
             params[unit.group.param] = True
     return params

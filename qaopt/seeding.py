@@ -255,7 +255,7 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     for (estimate, choice), role in zip(chosen, ("cheapest", "fallback"), strict=False):
         note(f"aware: informed trial ({role}) {_describe(choice)} (estimated {estimate:.2f} ms untuned, "
              f"reference {reference_ms:.2f} ms)")
-    return [_params(ctx, judged, choice) for _, choice in chosen], record
+    return [_params(ctx, {u: judged(u, combo) for u, combo in choice.items()}) for _, choice in chosen], record
 
 
 def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasible: Callable[[Any], bool],
@@ -321,7 +321,7 @@ def configuration_params(ctx: SearchContext, config: Configuration) -> dict[str,
             units[Unit(lead, group)] = Knobs.model_validate(config.nns[lead].knobs)
     merged = {nn for unit in units for nn in unit.serves}
     units.update({Unit(nn): Knobs.model_validate(c.knobs) for nn, c in config.nns.items() if nn not in merged})
-    return {**_params(ctx, units, {unit: () for unit in units}), "schedule": config.schedule}
+    return {**_params(ctx, units), "schedule": config.schedule}
 
 
 def describe_probe(probe: Probe) -> str:
@@ -338,14 +338,13 @@ def _estimate(screening: Screening, choice: Mapping[Unit, tuple[Probe, ...]]) ->
     return sum(screening.estimate(u, c) for u, c in choice.items())
 
 
-def _params(ctx: SearchContext, judged: Callable[[Unit, Sequence[Probe]], Knobs],
-            choice: Mapping[Unit, tuple[Probe, ...]]) -> dict[str, Any]:
-    """The study's trial parameters for ``choice`` (every NN's knobs as the walk judged them, the merge flags,
+def _params(ctx: SearchContext, knobs: Mapping[Unit, Knobs]) -> dict[str, Any]:
+    """The study's trial parameters under which a trial builds each unit with its ``knobs`` (the merge flags set,
     sequential)."""
     plan = ctx.plan
     params: dict[str, Any] = {"schedule": "sequential", **{g.param: False for g in plan.merge_groups}}
-    for unit, combo in choice.items():
-        params.update(plan.knob_spaces[unit.nn].params_of(judged(unit, combo), unit.nn))
+    for unit, unit_knobs in knobs.items():
+        params.update(plan.knob_spaces[unit.nn].params_of(unit_knobs, unit.nn))
         if unit.group is not None:
             params[unit.group.param] = True
     return params

@@ -28,6 +28,7 @@ from qaopt.approx.passes import Range, passes, span
 from qaopt.cli import main
 from qaopt.kernels import onnx as onnx_toolchain
 from qaopt.profiles import get_profile
+from qaopt.seeding import most_finetuned
 from qaopt.plan import build_plan
 from qaopt.spec import load_spec
 
@@ -133,6 +134,20 @@ def test_sampling_follows_the_spec_and_the_profile_caps():
     no_bf16 = KnobSpace.from_section(spec.knobs_for("heading"), SearchLimits(excluded_dtypes=("bf16",)))
     assert no_bf16.probes() == scales + [{"dtype": "fp32"}, {"dtype": "int8"}]
     assert no_bf16.choices("dtype") == ["fp32", "int8"]
+
+
+def test_a_walk_judges_an_nn_with_the_fine_tuning_its_trial_runs():
+    """The informed walk and the agnostic checks build what a trial of the same knobs builds: the most fine-tuning
+    the space samples for a damaged NN, none for one only quantized (a trial of it fine-tunes nothing, and a
+    merged NN distilled 160 steps more once fell outside the region where the trials' own was inside)."""
+    spec = load_spec(EXAMPLE)
+    space = KnobSpace.from_section(spec.knobs_for("heading"), SearchLimits(max_finetune_steps=160))
+    for damaged in (space.base(prune_ratio=0.5), space.base(input_scale=0.5, dtype="int8")):
+        assert space.offers("finetune_steps", damaged) and most_finetuned(space, damaged).finetune_steps == 160
+    quantized = space.base(dtype="int8")
+    assert not space.offers("finetune_steps", quantized)
+    assert most_finetuned(space, quantized).finetune_steps == 0 == most_finetuned(space, space.base()).finetune_steps
+    assert most_finetuned(space, quantized).model_dump() == {**quantized.model_dump(), "finetune_steps": 0}
 
 
 def test_describe_gives_the_report_one_column_per_knob():

@@ -14,7 +14,8 @@ fastest dtype, merged. So each study starts from informed trials:
    latency times each of its knobs' measured factors (a unit is an NN alone or a
    merged group). The estimate only orders the walk; trials measure the real figure.
 3. **Walking.** Combinations, sorted by estimate, are built with the run's full
-   fine-tuning budget where a trial of them fine-tunes (:func:`most_finetuned`: not an NN only quantized) and bisected for the cheapest one inside the region (the whole
+   fine-tuning budget where a trial of them fine-tunes (:func:`most_finetuned`: not an
+   NN only quantized) and bisected for the cheapest one inside the region (the whole
    configuration is judged; the agnostic baseline seeds its per-unit studies itself,
    :mod:`qaopt.agnostic`). At most :data:`WALK_BUILDS` builds per walk; every candidate built here is cached and
    reused by the trials. Layouts (merge groups merged, or every NN alone) are walked

@@ -8,9 +8,9 @@ strata's frames (CropFollow's example: 640 + 1920 frames of 240x320 per NN), thr
 of the README's first command: about a third of the search stages' CPU time). This times the shipped compact
 heading NN on ``--frames`` random frames at each batch size, in turn, ``--repeats`` rounds interleaved so that a
 change in the machine's load shows in every batch size alike, and prints one JSON line: the machine, the load
-average, the batch ``predict_torch`` takes on a CPU by default (``CPU_BATCH``), and per batch size the median and every round's ms per frame. The outputs of every batch size are
-compared with batch 32's (their largest difference is printed): a batch size changes which kernels oneDNN picks,
-not the NN.
+average, the batch ``predict_torch`` takes on a CPU by default (``CPU_BATCH``), and per batch size the median and
+every round's ms per frame. The outputs of every batch size are compared with batch 32's (their largest difference
+is printed): a batch size changes which kernels oneDNN picks, not the NN.
 """
 
 from __future__ import annotations

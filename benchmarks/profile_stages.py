@@ -1,7 +1,8 @@
 """Where a run's CPU time goes: a py-spy profile of ``qaopt optimize`` summed by pipeline stage and by function.
 
     pip install py-spy
-    py-spy record --subprocesses --format raw -r 20 -o prof.txt -- qaopt optimize examples/cropfollow.yaml --profile quick
+    py-spy record --subprocesses --format raw -r 20 -o prof.txt -- \
+        qaopt optimize examples/cropfollow.yaml --profile quick
     python benchmarks/profile_stages.py prof.txt [--rate 20] [--top 25] [--json out.json]
 
 py-spy samples every thread of the run and of its simulator workers ``--rate`` times a second; a sample is one
@@ -30,7 +31,8 @@ def frame_name(frame: str) -> str:
     return f"{name} {where.rsplit(':', 1)[0]}" if where else name
 
 
-def summarize(lines, rate: float) -> dict[str, dict]:
+def summarize(lines, rate: float, top: int) -> dict[str, dict]:
+    """Per stage, its sampled CPU seconds and its ``top`` functions' (inclusive), the busiest first."""
     totals: Counter[str] = Counter()
     functions: dict[str, Counter[str]] = defaultdict(Counter)
     for line in lines:
@@ -40,10 +42,10 @@ def summarize(lines, rate: float) -> dict[str, dict]:
         frames, n = stack.split(";"), int(count)
         stage = next((m.group(1) for f in frames if (m := STAGE.match(f))), OUTSIDE)
         totals[stage] += n
-        for name in {frame_name(f) for f in frames if any(p in f for p in OURS)}:
+        for name in sorted({frame_name(f) for f in frames if any(p in f for p in OURS)}):  # ties in a fixed order
             functions[stage][name] += n
     return {stage: {"cpu_seconds": round(n / rate, 1),
-                    "functions": {f: round(v / rate, 1) for f, v in functions[stage].most_common()}}
+                    "functions": {f: round(v / rate, 1) for f, v in functions[stage].most_common(top)}}
             for stage, n in totals.most_common()}
 
 
@@ -55,15 +57,14 @@ def main() -> None:
     ap.add_argument("--json", help="also write the summary here")
     args = ap.parse_args()
     with open(args.profile) as f:
-        summary = summarize(f, args.rate)
+        summary = summarize(f, args.rate, args.top)
     for stage, s in summary.items():
         print(f"{stage}: {s['cpu_seconds']} CPU s")
-        for name, seconds in list(s["functions"].items())[: args.top]:
+        for name, seconds in s["functions"].items():
             print(f"  {seconds:8.1f}  {name}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rate": args.rate, "stages": {k: {**v, "functions": dict(list(v["functions"].items())[:args.top])}
-                                                     for k, v in summary.items()}}, f, indent=1)
+            json.dump({"rate": args.rate, "stages": summary}, f, indent=1)
 
 
 if __name__ == "__main__":

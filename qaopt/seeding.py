@@ -13,15 +13,23 @@ fastest dtype, merged. So each study starts from informed trials:
 2. **Estimating.** A combination's latency is estimated as the unit's reference
    latency times each of its knobs' measured factors (a unit is an NN alone or a
    merged group). The estimate only orders the walk; trials measure the real figure.
-3. **Walking.** Combinations, sorted by estimate, are built with the run's full
-   fine-tuning budget where a trial of them fine-tunes (:func:`most_finetuned`: not an
-   NN only quantized) and bisected for the cheapest one inside the region (the whole
-   configuration is judged; the agnostic baseline seeds its per-unit studies itself,
-   :mod:`qaopt.agnostic`). At most :data:`WALK_BUILDS` builds per walk; every candidate built here is cached and
-   reused by the trials. Layouts (merge groups merged, or every NN alone) are walked
-   cheapest first, and a later walk builds only combinations estimated faster than
-   what an earlier one found: on CropFollow the merged walk's find leaves the
-   separate layout nothing to build.
+3. **Walking.** The weights of a combination (its input scales, merged or apart) decide
+   its error; its precisions barely move it (CropFollow's int8 heading NN errs 1.499
+   against the reference's 1.484). So the walk bisects over weights, sorted by their
+   estimate at the cheapest precision, for the cheapest weights inside the region, and
+   judges each weights in its cheapest precision mix first, then with no precision knob
+   (outside there, outside at any), then bisects between (:func:`cheapest_precision`).
+   A combination is built with the run's full fine-tuning budget where a trial of it
+   fine-tunes (:func:`most_finetuned`: not an NN only quantized) and judged whole (the
+   agnostic baseline seeds its per-unit studies itself, :mod:`qaopt.agnostic`); the
+   precision mixes of one weights share its fine-tuned float NN, so each costs only its
+   outputs. At most :data:`WALK_BUILDS` weights per walk; every candidate built here is
+   cached and reused by the trials. Bisecting over every combination at once skipped the
+   merged int8 NN (between two merged NNs at input 0.75 found outside) and ended on an
+   fp32 heading NN at input 0.375: 1.16x over the agnostic baseline, where the merged
+   int8 NN had given 2.52x (docs/BENCHMARKS.md, session 37). Layouts (merge groups
+   merged, or every NN alone) are walked cheapest first, and a later walk judges only
+   weights estimated faster than what an earlier one found.
 
 Two informed configurations are enqueued right after the reference: the cheapest one
 the walks found inside the region, and a milder one to fall back on when closed-loop runs
@@ -63,7 +71,9 @@ if TYPE_CHECKING:
     from qaopt.search import SearchContext
 
 WALK_BUILDS = 6
-"""Candidate configurations a walk builds at most (bisection: enough for 64 combinations)."""
+"""Weights (a layout's input scales and merges) a walk judges at most (bisection: enough for 64 of them)."""
+PRECISION_BUILDS = 2
+"""Precision mixes a weights' judgement builds at most between its cheapest and its dearest (:func:`cheapest_precision`)."""
 
 Probe = Mapping[str, Any]
 
@@ -226,22 +236,35 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
         tried.append(WalkTry(choice=_describe(choice), estimated_ms=_estimate(screening, choice), inside=inside))
         return inside
 
+    precisions = {u: [p for p in plan.knob_spaces[u.nn].probes(alone=True) if p in probes[u]] for u in units}
+
+    reference_ms = sum(screening.reference_ms[u] for u in layouts[0])
+
+    def precision_options(choice: Mapping[Unit, tuple[Probe, ...]]) -> list[tuple[float, dict]]:
+        """``choice``'s weights in every mix of each unit's precisions (its own, or one probe) estimated faster than
+        the reference (no slower mix is worth a trial)."""
+        mixes = itertools.product(*[[(), *((p,) for p in precisions[u])] for u in choice])
+        options = [{u: (*choice[u], *mix) for u, mix in zip(choice, per_unit, strict=True)} for per_unit in mixes]
+        return [(e, o) for o in options if (e := _estimate(screening, o)) < reference_ms]
+
+    judged_weights: dict[str, tuple[float, dict] | None] = {}
+
+    def judge(choice: Mapping[Unit, tuple[Probe, ...]]) -> tuple[float, dict] | None:
+        key = _describe(choice)
+        if key not in judged_weights:
+            judged_weights[key] = cheapest_precision(precision_options(choice), feasible)
+        return judged_weights[key]
+
     joints = []
     for layout in layouts:
-        options = [[(screening.estimate(u, c), c) for c in combinations(probes[u])] for u in layout]
-        joints.append([(sum(e for e, _ in parts), {u: c for u, (_, c) in zip(layout, parts, strict=True)})
-                       for parts in itertools.product(*options)])
-    reference_ms = sum(screening.reference_ms[u] for u in layouts[0])
-    precisions = {u: plan.knob_spaces[u.nn].probes(alone=True) for u in units}
+        options = [[c for c in combinations(probes[u]) if not any(p in precisions[u] for p in c)] for u in layout]
+        weights = [dict(zip(layout, parts, strict=True)) for parts in itertools.product(*options)]
+        joints.append([(min(e for e, _ in mixes), w) for w in weights if (mixes := precision_options(w))])
 
-    def weights(choice: Mapping[Unit, tuple[Probe, ...]]) -> list:
-        return [(u, [p for p in combo if p not in precisions[u]]) for u, combo in choice.items()]
+    def relaxed(choice: Mapping[Unit, tuple[Probe, ...]]) -> dict[Unit, tuple[Probe, ...]]:
+        return {u: () for u in choice}
 
-    def precision_only(choice: Mapping[Unit, tuple[Probe, ...]]) -> tuple[float, dict[Unit, tuple[Probe, ...]]]:
-        mild = {u: tuple(p for p in combo if p in precisions[u]) for u, combo in choice.items()}
-        return _estimate(screening, mild), mild
-
-    chosen = cheapest_and_fallback(joints, feasible, ceiling=reference_ms, weights=weights, relaxed=precision_only)
+    chosen = cheapest_and_fallback(joints, judge, ceiling=reference_ms, relaxed=relaxed)
     roles = {_describe(choice): role for (_, choice), role in zip(chosen, ("cheapest", "fallback"), strict=False)}
     record = InformedStart(
         reference_ms={u.label: screening.reference_ms[u] for u in units},
@@ -251,7 +274,7 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     )
     if not chosen:
         note(f"aware: no combination of probes estimated faster than the reference and inside the study's bounds "
-             f"within {WALK_BUILDS} builds per layout; the search starts from the reference")
+             f"within {WALK_BUILDS} weights per layout; the search starts from the reference")
         return [], record
     for (estimate, choice), role in zip(chosen, ("cheapest", "fallback"), strict=False):
         note(f"aware: informed trial ({role}) {_describe(choice)} (estimated {estimate:.2f} ms untuned, "
@@ -259,28 +282,53 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     return [_params(ctx, {u: judged(u, combo) for u, combo in choice.items()}) for _, choice in chosen], record
 
 
-def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]], feasible: Callable[[Any], bool],
-                          ceiling: float = math.inf, weights: Callable[[Any], Any] = lambda option: option,
-                          relaxed: Callable[[Any], tuple[float, Any]] | None = None) -> list[tuple[float, Any]]:
-    """Walk each layout's ``(estimated ms, option)`` list, the layout with the cheapest option first, each walk
-    given only the options estimated below ``ceiling`` (the reference: an option no faster is no trial worth
-    enqueueing, not even as the fallback) and below the cheapest found so far; then the cheapest found and a
-    fallback whose ``weights`` differ from its: the dearest found, else ``relaxed(cheapest)`` when it is estimated
-    below ``ceiling`` and ``feasible``. Empty when no walk found one."""
-    found: list[tuple[float, Any]] = []
+def cheapest_precision(options: Sequence[tuple[float, Any]], feasible: Callable[[Any], bool],
+                       budget: int = PRECISION_BUILDS) -> tuple[float, Any] | None:
+    """The cheapest of one weights' ``(estimated ms, option)`` precision mixes that ``feasible`` accepts, or ``None``.
+
+    A lower precision moves an NN's error far less than its weights do (CropFollow: int8 heading 1.499 against the
+    reference's 1.484), so the cheapest mix is tried first and, where it fails, the dearest (no precision knob):
+    outside the region at its own precision, the weights are outside at any. Between them, bisection with
+    ``budget`` builds. Every mix shares its weights' fine-tuned float NN, so each try costs its outputs only.
+    """
+    ordered = sorted(options, key=lambda o: o[0])
+    if not ordered:
+        return None
+    if feasible(ordered[0][1]):
+        return ordered[0]
+    if len(ordered) == 1 or not feasible(ordered[-1][1]):
+        return None
+    between = walk(ordered[1:-1], feasible, budget)
+    return between[-1] if between else ordered[-1]
+
+
+def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]],
+                          judge: Callable[[Any], tuple[float, Any] | None], ceiling: float = math.inf,
+                          relaxed: Callable[[Any], Any] | None = None) -> list[tuple[float, Any]]:
+    """Walk each layout's ``(estimated ms, weights)`` list (each weights at its cheapest precision), the layout with
+    the cheapest weights first, each walk given only the weights estimated below ``ceiling`` (the reference: an
+    option no faster is no trial worth enqueueing, not even as the fallback) and below the cheapest found so far.
+    ``judge(weights)`` is the ``(estimated ms, option)`` of the weights' cheapest precision inside, or ``None``.
+
+    Returns the cheapest found and a fallback with other weights: the dearest found, else ``relaxed(cheapest
+    weights)`` (the same layout with no knob but precisions) when it differs and is found inside below ``ceiling``.
+    Empty when no walk found one."""
+    found: list[tuple[float, Any]] = []  # (estimated ms, weights) of the weights found inside
     for joint in sorted(joints, key=lambda j: min((e for e, _ in j), default=math.inf)):
-        bound = min((e for e, _ in found), default=ceiling)
-        found += walk([o for o in joint if o[0] < bound], feasible)
+        bound = min((judge(w)[0] for _, w in found), default=ceiling)  # type: ignore[index]
+        found += walk([o for o in joint if o[0] < bound], lambda w: judge(w) is not None)
     if not found:
         return []
-    cheapest = min(found, key=lambda f: f[0])
-    others = [f for f in found if weights(f[1]) != weights(cheapest[1])]
+    options = [judge(w) for _, w in found]
+    cheapest = min(options, key=lambda o: o[0])  # type: ignore[index]
+    others = [o for o in options if o is not cheapest]
     if others:
-        return [cheapest, max(others, key=lambda f: f[0])]
-    if relaxed is not None:
-        mild = relaxed(cheapest[1])
-        if mild[0] < ceiling and weights(mild[1]) != weights(cheapest[1]) and feasible(mild[1]):
-            return [cheapest, mild]
+        return [cheapest, max(others, key=lambda o: o[0])]  # type: ignore[index]
+    weights = found[options.index(cheapest)][1]
+    if relaxed is not None and (mild := relaxed(weights)) != weights:
+        option = judge(mild)
+        if option is not None and option[0] < ceiling:
+            return [cheapest, option]
     return [cheapest]
 
 

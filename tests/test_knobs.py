@@ -13,7 +13,7 @@ from qaopt.approx import ErrorMetric, Knobs, TargetNN
 from qaopt.approx.merge import MergeGroup, OutputColumns, build_merged
 from qaopt.approx.resolution import InputResize
 from qaopt.kernels import onnx as onnx_toolchain
-from qaopt.seeding import Screening, Unit, cheapest_and_fallback, combinations, walk
+from qaopt.seeding import Screening, Unit, cheapest_and_fallback, cheapest_precision, combinations, walk
 from tests.test_approx_build import FAST, SHAPE, build, stripe_data, train_base
 
 torch.set_num_threads(1)
@@ -161,51 +161,78 @@ def test_the_walk_bisects_for_the_cheapest_feasible_option_within_its_budget():
 def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallback():
     tried = []
 
-    def feasible(option):
+    def judge(option):
         tried.append(option)
-        return option[1] >= 4  # a layout's option: (layout, aggressiveness); the milder, the more feasible
+        return (float(option[1]), option) if option[1] >= 4 else None  # (layout, aggressiveness): milder, inside
 
     merged = [(float(k), ("merged", k)) for k in range(1, 13)]
     apart = [(float(k), ("apart", k)) for k in range(10, 30)]
-    chosen = cheapest_and_fallback([apart, merged], feasible)
+    chosen = cheapest_and_fallback([apart, merged], judge)
     assert chosen[0] == (4.0, ("merged", 4)), "the cheapest the walks found"
     assert chosen[1][0] > chosen[0][0] and chosen[1][1][0] == "merged", "the dearest they found: a milder fallback"
     assert all(layout == "merged" for layout, _ in tried), "no apart option is estimated below the merged find"
-    assert [o[1] for o in tried] == [6, 3, 4]
+    assert [o[1] for o in tried][:3] == [6, 3, 4]
     # One layout, one option inside: no fallback; nothing inside: no informed trial.
-    assert cheapest_and_fallback([[(1.0, ("m", 1)), (5.0, ("m", 5))]], lambda o: o[1] == 5) == [(5.0, ("m", 5))]
-    assert cheapest_and_fallback([merged], lambda o: False) == []
+    assert cheapest_and_fallback([[(1.0, ("m", 1)), (5.0, ("m", 5))]],
+                                 lambda o: (5.0, o) if o[1] == 5 else None) == [(5.0, ("m", 5))]
+    assert cheapest_and_fallback([merged], lambda o: None) == []
     # Nothing estimated as slow as the reference is walked: a fallback must be faster than the reference trial.
     tried.clear()
-    assert cheapest_and_fallback([apart, merged], feasible, ceiling=5.0) == [(4.0, ("merged", 4))]
+    assert cheapest_and_fallback([apart, merged], judge, ceiling=5.0) == [(4.0, ("merged", 4))]
     assert all(o[1] < 5 for o in tried)
 
 
 def test_the_fallback_runs_other_weights_than_the_cheapest_not_another_precision_of_them():
     """CropFollow's quick runs (sessions 24, 26, 28): the walks found the merged NN at a reduced input in two
     precisions, and both failed the same closed-loop run. A fallback of the same weights is no fallback: the dearest
-    find with other weights is, else the cheapest's precisions alone (the merged NN at full resolution)."""
-    # An option: (scale, dtype); its weights are its scale.
-    options = [(1.0, (0.5, "int8")), (2.0, (0.5, "fp32")), (3.0, (0.75, "int8")), (6.0, (1.0, "int8"))]
+    find with other weights is, else the cheapest's layout with no knob but precisions (the merged NN at full
+    resolution)."""
+    # Weights: an input scale; judged, each weights becomes (scale, its cheapest precision inside).
+    precision = {0.5: "int8", 0.75: "fp32", 1.0: "int8"}
 
-    def weights(option):
-        return option[0]
+    def judge_of(inside, estimates):
+        return lambda scale: (estimates[scale], (scale, precision[scale])) if scale in inside else None
 
-    def relaxed(option):
-        return 4.0, (1.0, option[1])
+    options = [(1.0, 0.5), (3.0, 0.75)]
+    estimates = {0.5: 1.0, 0.75: 3.0, 1.0: 4.0}
+    chosen = cheapest_and_fallback([options], judge_of({0.5, 1.0}, estimates), relaxed=lambda scale: 1.0)
+    assert chosen == [(1.0, (0.5, "int8")), (4.0, (1.0, "int8"))], "the relaxed weights: input 1.0"
+    # The relaxed weights are enqueued only inside the region and below the reference, and only when they differ.
+    assert cheapest_and_fallback([options], judge_of({0.5}, estimates), relaxed=lambda scale: 1.0) == [
+        (1.0, (0.5, "int8"))]
+    assert cheapest_and_fallback([options], judge_of({0.5, 1.0}, estimates), ceiling=3.5,
+                                 relaxed=lambda scale: 1.0) == [(1.0, (0.5, "int8"))]
+    assert cheapest_and_fallback([[(4.0, 1.0)]], judge_of({1.0}, estimates), relaxed=lambda scale: 1.0) == [
+        (4.0, (1.0, "int8"))]
+    # A find with other weights is preferred to the relaxed weights.
+    precision[0.9], estimates[0.9] = "int8", 3.5
+    assert cheapest_and_fallback([[*options, (3.5, 0.9)]], judge_of({0.5, 0.75, 1.0}, estimates),
+                                 relaxed=lambda scale: 1.0) == [(1.0, (0.5, "int8")), (3.0, (0.75, "fp32"))]
 
-    inside = {(0.5, "int8"), (0.5, "fp32"), (1.0, "int8")}
-    chosen = cheapest_and_fallback([options], lambda o: o in inside, weights=weights, relaxed=relaxed)
-    assert chosen == [(1.0, (0.5, "int8")), (4.0, (1.0, "int8"))], "not (0.5, fp32): the same weights"
-    # The relaxed option is enqueued only inside the region and below the reference.
-    assert cheapest_and_fallback([options], lambda o: o in inside - {(1.0, "int8")}, weights=weights,
-                                 relaxed=relaxed) == [(1.0, (0.5, "int8"))]
-    assert cheapest_and_fallback([options], lambda o: o in inside, ceiling=3.5, weights=weights,
-                                 relaxed=relaxed) == [(1.0, (0.5, "int8"))]
-    # A find with other weights is preferred to the relaxed option.
-    options = [(1.0, (0.5, "int8")), (2.0, (0.75, "int8")), (3.0, (0.5, "fp32")), (6.0, (1.0, "int8"))]
-    assert cheapest_and_fallback([options], lambda o: True, weights=weights,
-                                 relaxed=relaxed) == [(1.0, (0.5, "int8")), (2.0, (0.75, "int8"))]
+
+def test_a_weights_is_judged_at_its_cheapest_precision_then_its_own_then_between():
+    """The precisions of one weights barely move its error: the cheapest mix first (one build where it is inside),
+    the weights' own precision next (outside there, outside at any), then bisection between."""
+    options = [(1.0, "int8+int8"), (1.5, "int8+bf16"), (2.0, "bf16+bf16"), (2.5, "fp32+bf16"), (3.0, "fp32+fp32")]
+
+    def judged(inside):
+        tried = []
+
+        def feasible(option):
+            tried.append(option)
+            return option in inside
+        return feasible, tried
+
+    feasible, tried = judged(set(o for _, o in options))
+    assert cheapest_precision(options, feasible) == (1.0, "int8+int8") and tried == ["int8+int8"]
+    feasible, tried = judged(set())
+    assert cheapest_precision(options, feasible) is None and tried == ["int8+int8", "fp32+fp32"]
+    feasible, tried = judged({"bf16+bf16", "fp32+bf16", "fp32+fp32"})
+    assert cheapest_precision(options, feasible) == (2.0, "bf16+bf16")
+    assert tried == ["int8+int8", "fp32+fp32", "bf16+bf16", "int8+bf16"]
+    feasible, tried = judged({"fp32+fp32"})
+    assert cheapest_precision(options, feasible, budget=1) == (3.0, "fp32+fp32"), "its own precision, inside"
+    assert cheapest_precision([], feasible) is None
 
 
 def test_each_precision_alone_is_a_trial_apart_and_then_on_each_merged_nn():

@@ -228,12 +228,15 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
     tried: list[WalkTry] = []
 
     def feasible(choice: Mapping[Unit, tuple[Probe, ...]]) -> bool:
+        described = _describe(choice)
+        if (known := next((t for t in tried if t.choice == described), None)) is not None:
+            return known.inside
         candidates: dict[str, Candidate] = {}
         for unit, combo in choice.items():
             candidates.update(ctx.build_unit(unit, judged(unit, combo)))
         inside = (not any(c.nonfinite_outputs for c in candidates.values())
                   and ctx.violation("aware", ctx.errors_of(candidates), candidates, region) <= 0)
-        tried.append(WalkTry(choice=_describe(choice), estimated_ms=_estimate(screening, choice), inside=inside))
+        tried.append(WalkTry(choice=described, estimated_ms=_estimate(screening, choice), inside=inside))
         return inside
 
     precisions = {u: [p for p in plan.knob_spaces[u.nn].probes(alone=True) if p in probes[u]] for u in units}
@@ -247,13 +250,8 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
         options = [{u: (*choice[u], *mix) for u, mix in zip(choice, per_unit, strict=True)} for per_unit in mixes]
         return [(e, o) for o in options if (e := _estimate(screening, o)) < reference_ms]
 
-    judged_weights: dict[str, tuple[float, dict] | None] = {}
-
-    def judge(choice: Mapping[Unit, tuple[Probe, ...]]) -> tuple[float, dict] | None:
-        key = _describe(choice)
-        if key not in judged_weights:
-            judged_weights[key] = cheapest_precision(precision_options(choice), feasible)
-        return judged_weights[key]
+    def judge(choice: Mapping[Unit, tuple[Probe, ...]], bound: float) -> tuple[float, dict] | None:
+        return cheapest_precision([o for o in precision_options(choice) if o[0] < bound], feasible)
 
     joints = []
     for layout in layouts:
@@ -303,31 +301,38 @@ def cheapest_precision(options: Sequence[tuple[float, Any]], feasible: Callable[
 
 
 def cheapest_and_fallback(joints: Sequence[Sequence[tuple[float, Any]]],
-                          judge: Callable[[Any], tuple[float, Any] | None], ceiling: float = math.inf,
+                          judge: Callable[[Any, float], tuple[float, Any] | None], ceiling: float = math.inf,
                           relaxed: Callable[[Any], Any] | None = None) -> list[tuple[float, Any]]:
     """Walk each layout's ``(estimated ms, weights)`` list (each weights at its cheapest precision), the layout with
     the cheapest weights first, each walk given only the weights estimated below ``ceiling`` (the reference: an
     option no faster is no trial worth enqueueing, not even as the fallback) and below the cheapest found so far.
-    ``judge(weights)`` is the ``(estimated ms, option)`` of the weights' cheapest precision inside, or ``None``.
+    ``judge(weights, bound)`` is the ``(estimated ms, option)`` of the weights' cheapest precision inside among
+    those estimated below ``bound``, or ``None``: a precision no faster than what was found is not built.
 
     Returns the cheapest found and a fallback with other weights: the dearest found, else ``relaxed(cheapest
     weights)`` (the same layout with no knob but precisions) when it differs and is found inside below ``ceiling``.
     Empty when no walk found one."""
-    found: list[tuple[float, Any]] = []  # (estimated ms, weights) of the weights found inside
+    found: list[tuple[Any, tuple[float, Any]]] = []  # (weights, its judged option) of each weights found inside
     for joint in sorted(joints, key=lambda j: min((e for e, _ in j), default=math.inf)):
-        bound = min((judge(w)[0] for _, w in found), default=ceiling)  # type: ignore[index]
-        found += walk([o for o in joint if o[0] < bound], lambda w: judge(w) is not None)
+        bound = min((option[0] for _, option in found), default=ceiling)
+        below = [(e, w) for e, w in joint if e < bound]
+        judged: dict[int, tuple[float, Any] | None] = {}
+
+        def inside(i: int, below=below, bound=bound, judged=judged) -> bool:
+            judged[i] = judge(below[i][1], bound)
+            return judged[i] is not None
+
+        accepted = walk([(e, i) for i, (e, _) in enumerate(below)], inside)
+        found += [(below[i][1], judged[i]) for _, i in accepted]
     if not found:
         return []
-    options = [judge(w) for _, w in found]
-    cheapest = min(options, key=lambda o: o[0])  # type: ignore[index]
-    others = [o for o in options if o is not cheapest]
+    weights, cheapest = min(found, key=lambda f: f[1][0])
+    others = [option for w, option in found if w is not weights]
     if others:
-        return [cheapest, max(others, key=lambda o: o[0])]  # type: ignore[index]
-    weights = found[options.index(cheapest)][1]
+        return [cheapest, max(others, key=lambda o: o[0])]
     if relaxed is not None and (mild := relaxed(weights)) != weights:
-        option = judge(mild)
-        if option is not None and option[0] < ceiling:
+        option = judge(mild, ceiling)
+        if option is not None:
             return [cheapest, option]
     return [cheapest]
 

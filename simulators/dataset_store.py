@@ -10,8 +10,11 @@ frames never take gigabytes of memory.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +81,9 @@ def cached_dataset(
     cache_dir: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReferenceDataset:
-    """The frames of ``recipe`` under ``cache_dir/<app>/dataset/<hash>``, generating what is missing.
+    """The frames of ``recipe`` under ``cache_dir/<app>/dataset/<hash>``, generating what is missing on one thread
+    per core (the renderers draw with the GIL released; each shard and the validation drives draw from their own
+    seeds, so the frames do not depend on the order they are drawn in).
 
     ``train_shard(k, n)`` renders training shard ``k`` of ``n`` frames (every shard holds
     ``shard_frames`` but the last); ``val_drives()`` renders the validation drives, each of
@@ -92,21 +97,32 @@ def cached_dataset(
     (path / "recipe.json").write_text(json.dumps(recipe, indent=1, default=str))
     n_shards = -(-n_train // shard_frames)
     total = n_train + n_drives * frames
-    done = 0
-    for k in range(n_shards):
+    missing = [k for k in range(n_shards) if not (path / f"train-{k:04d}-labels.npy").exists()]
+    done = total - sum(min(shard_frames, n_train - k * shard_frames) for k in missing)
+    val_missing = not (path / "val-labels.npy").exists()
+    if val_missing:
+        done -= n_drives * frames
+
+    def write_shard(k: int) -> int:
         n = min(shard_frames, n_train - k * shard_frames)
-        images_file, labels_file = path / f"train-{k:04d}.npy", path / f"train-{k:04d}-labels.npy"
-        if not labels_file.exists():
-            images, labels = train_shard(k, n)
-            _save(images_file, images)
-            _save(labels_file, labels)
-        done += n
-        if progress is not None:
-            progress(done, total)
-    if not (path / "val-labels.npy").exists():
+        images, labels = train_shard(k, n)
+        _save(path / f"train-{k:04d}.npy", images)
+        _save(path / f"train-{k:04d}-labels.npy", labels)
+        return n
+
+    def write_val() -> int:
         images, labels = val_drives()
         _save(path / "val.npy", images)
         _save(path / "val-labels.npy", labels)
+        return n_drives * frames
+
+    jobs = [*([write_val] if val_missing else []), *(functools.partial(write_shard, k) for k in missing)]
+    if jobs:
+        with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+            for future in as_completed([pool.submit(job) for job in jobs]):
+                done += future.result()
+                if progress is not None:
+                    progress(done, total)
     if progress is not None:
         progress(total, total)
     train_labels = np.concatenate([np.load(path / f"train-{k:04d}-labels.npy") for k in range(n_shards)])

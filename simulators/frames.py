@@ -13,8 +13,11 @@ import numpy as np
 
 
 def to_chw_float(images: np.ndarray) -> np.ndarray:
-    """uint8 (N, H, W, 3) frames -> float32 (N, 3, H, W) in [0, 1], the NNs' input."""
-    return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32) * np.float32(1 / 255)
+    """uint8 (N, H, W, 3) frames -> float32 (N, 3, H, W) in [0, 1], the NNs' input (scaled in place: one array
+    written, not two)."""
+    out = np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32)
+    out *= np.float32(1 / 255)
+    return out
 
 
 class FrameArray:

@@ -161,9 +161,9 @@ def test_the_walk_bisects_for_the_cheapest_feasible_option_within_its_budget():
 def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallback():
     tried = []
 
-    def judge(option):
+    def judge(option, bound):
         tried.append(option)
-        return (float(option[1]), option) if option[1] >= 4 else None  # (layout, aggressiveness): milder, inside
+        return (float(option[1]), option) if 4 <= option[1] < bound else None  # (layout, aggressiveness): milder, inside
 
     merged = [(float(k), ("merged", k)) for k in range(1, 13)]
     apart = [(float(k), ("apart", k)) for k in range(10, 30)]
@@ -174,12 +174,22 @@ def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallbac
     assert [o[1] for o in tried][:3] == [6, 3, 4]
     # One layout, one option inside: no fallback; nothing inside: no informed trial.
     assert cheapest_and_fallback([[(1.0, ("m", 1)), (5.0, ("m", 5))]],
-                                 lambda o: (5.0, o) if o[1] == 5 else None) == [(5.0, ("m", 5))]
-    assert cheapest_and_fallback([merged], lambda o: None) == []
+                                 lambda o, bound: (5.0, o) if o[1] == 5 else None) == [(5.0, ("m", 5))]
+    assert cheapest_and_fallback([merged], lambda o, bound: None) == []
     # Nothing estimated as slow as the reference is walked: a fallback must be faster than the reference trial.
     tried.clear()
     assert cheapest_and_fallback([apart, merged], judge, ceiling=5.0) == [(4.0, ("merged", 4))]
     assert all(o[1] < 5 for o in tried)
+    # A later walk's weights are judged only in precisions estimated below what an earlier walk found.
+    seen = []
+
+    def judge_bounded(weights, bound):
+        seen.append((weights, bound))
+        return (4.0, weights) if weights == "merged" else None
+
+    assert cheapest_and_fallback([[(2.0, "merged")], [(3.0, "apart")]], judge_bounded, ceiling=9.0) == [
+        (4.0, "merged")]
+    assert seen == [("merged", 9.0), ("apart", 4.0)]
 
 
 def test_the_fallback_runs_other_weights_than_the_cheapest_not_another_precision_of_them():
@@ -191,7 +201,8 @@ def test_the_fallback_runs_other_weights_than_the_cheapest_not_another_precision
     precision = {0.5: "int8", 0.75: "fp32", 1.0: "int8"}
 
     def judge_of(inside, estimates):
-        return lambda scale: (estimates[scale], (scale, precision[scale])) if scale in inside else None
+        return lambda scale, bound: ((estimates[scale], (scale, precision[scale]))
+                                     if scale in inside and estimates[scale] < bound else None)
 
     options = [(1.0, 0.5), (3.0, 0.75)]
     estimates = {0.5: 1.0, 0.75: 3.0, 1.0: 4.0}

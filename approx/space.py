@@ -10,8 +10,8 @@ section (:func:`validate_section`), sampling one trial's knobs with Optuna
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -77,6 +77,8 @@ class KnobSpace:
 
     configs: Mapping[str, PassConfig] = field(default_factory=dict)
     limits: SearchLimits = SearchLimits()
+    held: frozenset[str] = frozenset()
+    """Knobs held at their default (the reference's setting) instead of searched (:meth:`holding`)."""
 
     @classmethod
     def from_section(cls, section: Section | None, limits: SearchLimits = SearchLimits(), nn: str = "-") -> KnobSpace:
@@ -87,7 +89,22 @@ class KnobSpace:
         return cls(configs, limits)
 
     def _space(self, p, chosen: Knobs | None) -> dict[str, Any]:
-        return p.space(self.configs.get(p.name), self.limits, chosen)
+        space = p.space(self.configs.get(p.name), self.limits, chosen)
+        if not self.held & space.keys():
+            return space
+        defaults = Knobs()
+        return {k: getattr(defaults, k) if k in self.held else v for k, v in space.items()}
+
+    def holding(self, knobs: Iterable[str]) -> KnobSpace:
+        """This space with ``knobs`` held at their defaults: a trial sets them as the reference NN has them, every
+        pass's other knobs as before (a study that knows no setting of a knob can meet its bound, :mod:`qaopt.agnostic`)."""
+        return replace(self, held=self.held | frozenset(knobs))
+
+    def mildest(self) -> dict[str, dict[str, Any]]:
+        """Each damaging pass's least damaging searched setting (pass name -> its knob's value; see
+        :meth:`~qaopt.approx.passes.ApproximationPass.mildest`), for the knobs not held."""
+        found = {p.name: p.mildest(self.configs[p.name], self.limits) for p in passes() if p.name in self.configs}
+        return {name: m for name, m in found.items() if m is not None and not set(m) & self.held}
 
     def offers(self, knob: str, chosen: Knobs) -> bool:
         """Whether a trial whose other knobs are ``chosen`` sets ``knob``: a pass may offer its knobs only to some

@@ -13,9 +13,16 @@ an Optuna study of its own:
 - with the aware study's trial budget (``plan.trials``) per unit;
 - objective: the unit's own latency, its candidate(s) compiled, tuned and measured alone on
   the target (:meth:`SearchContext.measure`; an infeasible one gets the quick untuned figure);
-- seeded with the reference, each precision probe alone (int8, fp16, bf16: unpruned), and the
-  deepest pruning ratio within tolerance (a ladder's rungs, else the ratio grid; bisection,
-  at most :data:`~qaopt.seeding.WALK_BUILDS` builds).
+- holding at the reference's setting each knob whose least damaging setting, built as a trial
+  builds it, is already outside tolerance (:func:`hopeless_knobs`: the smallest pruning ratio
+  or the largest input scale below 1, with the most fine-tuning the space samples; what
+  approximates more errs more, so no other setting of it could be within). On CropFollow's
+  quick run the sampler had spent three of each NN's six trials pruning and scaling NNs,
+  each fine-tuned, far outside a 2 % tolerance;
+- seeded with the reference, each precision probe alone (int8, fp16, bf16: unpruned), each
+  knob's least damaging setting found within tolerance, and the deepest pruning ratio within
+  tolerance (a ladder's rungs, else the ratio grid; bisection, at most
+  :data:`~qaopt.seeding.WALK_BUILDS` builds).
 
 A merge group's study is skipped, with its reason in the result (``StudySummary.skipped``), when
 its merged NN with nothing else approximated (full precision and resolution, unpruned, so not fine-tuned
@@ -56,7 +63,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from qaopt.approx import Candidate, Knobs
+from qaopt.approx import Candidate, Knobs, KnobSpace
 from qaopt.approx.passes.pruning import GRID, PruningConfig
 from qaopt.events import StageEvents
 from qaopt.kernels import schedules_for, threads_of
@@ -67,6 +74,7 @@ from qaopt.search import (
     ATTR_CONFIGURATION,
     ATTR_ERRORS,
     ATTR_FEASIBLE,
+    ATTR_HELD,
     ATTR_INFEASIBLE,
     ATTR_SKIPPED,
     OUTSIDE,
@@ -136,8 +144,8 @@ class UnitObjective:
         ctx, plan = self.ctx, self.ctx.plan
         self.trial = trial
         with failures_recorded(trial):
-            candidates = ctx.build_unit(self.unit, plan.knob_spaces[self.unit.nn].sample(trial, self.unit.nn,
-                                                                                         seed=plan.seed))
+            space = plan.knob_spaces[self.unit.nn].holding(trial.study.user_attrs.get(ATTR_HELD, {}))
+            candidates = ctx.build_unit(self.unit, space.sample(trial, self.unit.nn, seed=plan.seed))
             unusable = nonfinite(candidates)
             violation = OUTSIDE if unusable else ctx.over_tolerance(candidates)
             trial.set_constraint(CONSTRAINT, violation)
@@ -160,24 +168,57 @@ class UnitObjective:
             return frame.latency_ms
 
 
-def seeds(ctx: SearchContext, unit: Unit) -> list[Knobs]:
-    """The knobs a unit's study tries first: the reference, each precision probe alone (unpruned), and the deepest
-    pruning ratio within tolerance."""
-    plan = ctx.plan
-    space = plan.knob_spaces[unit.nn]
-    reference = Knobs(seed=plan.seed)
+def seeds(ctx: SearchContext, unit: Unit, space: KnobSpace, mild: Sequence[Knobs] = ()) -> list[Knobs]:
+    """The knobs a unit's study tries first: the reference, each precision probe alone (unpruned), the least damaging
+    settings found within tolerance (``mild``), and the deepest pruning ratio within tolerance."""
+    reference = Knobs(seed=ctx.plan.seed)
     probes = [Knobs.model_validate({**reference.model_dump(), **p}) for p in space.probes(alone=True)]
-    deepest = deepest_ratio(ctx, unit)
-    return [reference, *probes, *([deepest] if deepest is not None else [])]
+    deepest = deepest_ratio(ctx, unit, space)
+    return [reference, *probes, *mild, *([deepest] if deepest is not None else [])]
 
 
-def deepest_ratio(ctx: SearchContext, unit: Unit) -> Knobs | None:
+def hopeless_knobs(ctx: SearchContext, unit: Unit) -> tuple[dict[str, str], list[Knobs]]:
+    """The knobs the unit's study holds at the reference's setting, each with why, and the least damaging settings
+    of the others (as their trials build them) found within tolerance.
+
+    Each damaging pass's least damaging setting (:meth:`~qaopt.approx.KnobSpace.mildest`) is built with the most
+    fine-tuning the space samples (:func:`~qaopt.seeding.most_finetuned`) and judged: outside tolerance, by the premise
+    the walks rest on (what approximates more errs more), no setting of that knob could be within."""
+    space = ctx.plan.knob_spaces[unit.nn]
+    held: dict[str, str] = {}
+    mild: list[Knobs] = []
+    for setting in space.mildest().values():
+        knobs = most_finetuned(space, space.base(seed=ctx.plan.seed, **setting))
+        why = outside(ctx, ctx.build_unit(unit, knobs))
+        if why is None:
+            mild.append(knobs)
+            continue
+        described = ", ".join(f"{k} {v}" for k, v in setting.items())
+        held.update({knob: f"its least damaging setting ({described}, {knobs.finetune_steps} fine-tuning steps) is "
+                           f"already outside tolerance ({why}), so no trial setting it could be within"
+                     for knob in setting})
+    return held, mild
+
+
+def outside(ctx: SearchContext, candidates: Mapping[str, Candidate]) -> str | None:
+    """Why ``candidates`` (a unit's) are outside their NNs' tolerances, each NN at fault named with its error and
+    bound; ``None`` when every one is within."""
+    if unusable := nonfinite(candidates):
+        return f"outputs NaN or inf ({unusable})"
+    over = {n: j for n, c in candidates.items() if not (j := ctx.judgement(n, c)).within}
+    if not over:
+        return None
+    return "; ".join(f"{n}: error {candidates[n].error:.4g}, excess bound {j.ucb:.4g} over its allowed {j.allowed:.4g}"
+                     for n, j in over.items())
+
+
+def deepest_ratio(ctx: SearchContext, unit: Unit, space: KnobSpace) -> Knobs | None:
     """The unit's knobs at the deepest pruning ratio its space reaches (a ladder's rungs, else the ratio grid) whose
-    candidate is within tolerance, by bisection; ``None`` when the space prunes nothing or no ratio tried is within."""
+    candidate is within tolerance, by bisection; ``None`` when the space prunes nothing, holds the ratio, or no ratio
+    tried is within."""
     plan = ctx.plan
-    space = plan.knob_spaces[unit.nn]
     pruning = space.configs.get("pruning")
-    if not isinstance(pruning, PruningConfig):
+    if not isinstance(pruning, PruningConfig) or "prune_ratio" in space.held:
         return None
     lo, hi = pruning.ratios()
     step = pruning.ladder.step if pruning.ladder is not None else GRID
@@ -203,16 +244,11 @@ def merge_outside(ctx: SearchContext, unit: Unit) -> str | None:
     if unit.group is None:
         return None
     space = ctx.plan.knob_spaces[unit.nn]
-    candidates = ctx.build_unit(unit, most_finetuned(space, space.base(seed=ctx.plan.seed)))
-    if nonfinite(candidates):
-        return f"the merged NN outputs NaN or inf ({nonfinite(candidates)})"
-    over = {n: j for n, c in candidates.items() if not (j := ctx.judgement(n, c)).within}
-    if not over:
+    why = outside(ctx, ctx.build_unit(unit, most_finetuned(space, space.base(seed=ctx.plan.seed))))
+    if why is None:
         return None
-    return ("the merged NN, unpruned at full precision and resolution, is already outside tolerance ("
-            + "; ".join(f"{n}: error {candidates[n].error:.4g}, excess bound {j.ucb:.4g} over its allowed "
-                        f"{j.allowed:.4g}" for n, j in over.items())
-            + "), so no trial of it could be within")
+    return (f"the merged NN, unpruned at full precision and resolution, is already outside tolerance ({why}), so no "
+            "trial of it could be within")
 
 
 def unit_study_name(plan: RunPlan, unit: Unit) -> str:
@@ -336,10 +372,18 @@ def _seed(ctx: SearchContext, unit: Unit, study: optuna.Study, events: StageEven
         events.note(f"{MODE} {unit.label}: not searched: {why}")
         study.set_user_attr(ATTR_SKIPPED, why)
         return
+    if mildest := ctx.plan.knob_spaces[unit.nn].mildest():
+        events.note(f"{MODE} {unit.label}: building the least damaging setting of "
+                    f"{', '.join(k for m in mildest.values() for k in m)}, to see whether any trial setting it can be "
+                    "within tolerance")
+    held, mild = hopeless_knobs(ctx, unit)
+    study.set_user_attr(ATTR_HELD, held)
+    for knob, why in held.items():
+        events.note(f"{MODE} {unit.label}: {knob} held at the reference's setting: {why}")
     events.note(f"{MODE} {unit.label}: seeding with the reference, each precision alone and the deepest "
                 "pruning ratio within tolerance")
-    space = ctx.plan.knob_spaces[unit.nn]
-    for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in seeds(ctx, unit)):
+    space = ctx.plan.knob_spaces[unit.nn].holding(held)
+    for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in seeds(ctx, unit, space, mild)):
         study.enqueue_trial(dict(knobs), skip_if_exists=True)
 
 

@@ -159,6 +159,10 @@ def write_report(result: Result, run_dir: Path) -> Path:
     skipped = [f"{mode}: {s.skipped}" for mode, s in result.studies.items() if s.skipped]
     if skipped:
         lines += ["", "Not searched:", ""] + [f"- {line}" for line in skipped]
+    held = [f"{mode}: {knob}: {why}" for mode, s in result.studies.items() for knob, why in s.held.items()]
+    if held:
+        lines += ["", "Held at the reference's setting (what approximates more errs more):", ""] + [
+            f"- {line}" for line in held]
     failures = [f for s in result.studies.values() for f in s.failures]
     if failures:
         lines += ["", "Failed trials (the search went on):", ""] + [f"- {f}" for f in failures]

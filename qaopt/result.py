@@ -466,6 +466,9 @@ class StudySummary(_Model):
         "any other knob"))
     informed: InformedStart | None = Field(None, description=(
         "how the aware study chose its informed first trials (None: the space has no probe, or another study)"))
+    held: dict[str, str] = Field(default_factory=dict, description=(
+        "knob -> why an agnostic unit's study held it at the reference's setting: its least damaging setting was "
+        "already outside tolerance"))
 
     def feasible_configurations(self) -> list[Configuration]:
         """Every feasible, measured configuration, fastest first (the latency end of the Pareto front leads).

@@ -75,6 +75,8 @@ ATTR_INFEASIBLE = "infeasible"
 ATTR_REGION_VERSION = "region_version"
 """The version of the region that judged the trial (:class:`VersionedRegion`)."""
 ATTR_SKIPPED = "skipped"
+ATTR_HELD = "held"
+"""An agnostic unit study's attribute: knob -> why it holds that knob at the reference's setting."""
 """A study attribute: why the study ran no trial (an agnostic merged unit that cannot be within tolerance)."""
 ATTR_INFORMED = "informed"
 """A study attribute: how the aware study chose its informed first trials (:class:`~qaopt.result.InformedStart`)."""
@@ -758,6 +760,7 @@ def summarize(study: optuna.Study, objectives: Sequence[str]) -> StudySummary:
         trials=records,
         closed_loop_checks=[v for _, v in sorted(recorded_checks(study).items())],
         skipped=study.user_attrs.get(ATTR_SKIPPED),
+        held=study.user_attrs.get(ATTR_HELD, {}),
         informed=InformedStart.model_validate(start) if (start := study.user_attrs.get(ATTR_INFORMED)) else None,
     )
 

@@ -51,10 +51,10 @@ class ScriptedLatency(SearchContext):
         return sum(cost(c) for c in frame_models(candidates).values()), 0
 
 
-def _context(tmp_path: Path, monkeypatch) -> ScriptedLatency:
+def _context(tmp_path: Path, monkeypatch, round_to: int = 4) -> ScriptedLatency:
     monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
     data = yaml.safe_load((APPS / "tiny.yaml").read_text())
-    data["approximations"] = {"all": {"pruning": {"ratio": [0.0, 0.5], "round_to": 4}, "quantization": {"dtypes": ["fp32"]}}}
+    data["approximations"] = {"all": {"pruning": {"ratio": [0.0, 0.5], "round_to": round_to}, "quantization": {"dtypes": ["fp32"]}}}
     data["search"]["trials"] = TRIALS
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     spec = load_spec(tmp_path / "tiny.yaml")
@@ -186,3 +186,27 @@ def test_an_unresolved_trial_past_any_practical_data_is_told_to_widen_the_bound_
     text = at_bound.describe()
     assert "more validation sequences" not in text and "agnostic_tolerance in nns.distance" in text
     assert "more than any practical amount" in text
+
+
+def test_a_knob_whose_least_damaging_setting_is_outside_tolerance_is_held_at_the_reference(tmp_path, monkeypatch):
+    """NN a's bound below what its mildest pruning errs: no pruned trial of it can be within (what prunes more errs
+    more), so its study holds prune_ratio at 0 and says why. (Channels rounded to single ones, so that the mildest
+    ratio removes one.)"""
+    ctx = _context(tmp_path, monkeypatch, round_to=1)
+    plan = ctx.plan
+    space = plan.knob_spaces["a"]
+    [mildest] = space.mildest().values()
+    judged = ctx.judgement("a", ctx.build("a", space.base(seed=plan.seed, **mildest)))
+    assert judged.ucb > 0, "the toy's mildest pruning of NN a may err more than its reference"
+    tight = Tolerance("l1", judged.ucb / 4 / judged.reference)
+    ctx = ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "a": tight}), ctx.nns, ctx.space)
+
+    found = search_agnostic(ctx, open_storage(f"sqlite:///{tmp_path / 'study.db'}"), FixedRegion(ctx.space),
+                            Events().for_stage("agnostic search"))
+
+    summary = found.studies[f"{AGNOSTIC_STUDY_PREFIX}a"]
+    assert set(summary.held) == {"prune_ratio"} and "already outside tolerance" in summary.held["prune_ratio"]
+    assert all(t.params.get("a.prune_ratio", 0.0) == 0.0 for t in summary.trials), "no trial prunes NN a"
+    assert summary.trials_complete == TRIALS
+    assert found.studies[f"{AGNOSTIC_STUDY_PREFIX}b"].held == {}, "NN b's mildest pruning is within its bound"
+    assert found.chosen is not None and found.chosen.nns["a"].knobs["prune_ratio"] == 0.0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from qaopt.app_spec.errors import QaoptError
@@ -68,6 +68,19 @@ def Range(kind: type, low: float, high: float | None = None, *, low_open: bool =
         return value
 
     return Annotated[tuple[kind, kind], AfterValidator(check)]
+
+
+def grid(distribution: Any) -> list[Any]:
+    """The values a searched knob takes: a categorical's choices, a stepped range's points (a range without a step:
+    its ends); a fixed knob (not a distribution) takes none."""
+    d = distribution
+    if isinstance(d, CategoricalDistribution):
+        return list(d.choices)
+    if isinstance(d, (FloatDistribution, IntDistribution)):
+        if d.step is None:
+            return [d.low, d.high]
+        return [round(d.low + k * d.step, 6) for k in range(int(round((d.high - d.low) / d.step)) + 1)]
+    return []
 
 
 def span(lo: float, hi: float, step: float | None = None) -> Any:
@@ -162,6 +175,17 @@ class ApproximationPass:
     def probes(self, config: PassConfig | None, limits: SearchLimits) -> list[dict[str, Any]]:
         """Settings worth trying alone on the reference NNs before the sampler starts (e.g. each dtype)."""
         return []
+
+    def mildest(self, config: PassConfig | None, limits: SearchLimits) -> dict[str, Any] | None:
+        """The searched setting of the pass's first knob nearest its default among those that damage the NN (the
+        smallest pruning ratio, the largest input scale below 1), or ``None`` where none does. What approximates
+        more errs more, so where this setting, fine-tuned as a trial fine-tunes it, errs too much, every setting
+        does: the application-agnostic study then holds the knob at its default (:mod:`qaopt.agnostic`)."""
+        knob = next(iter(self.Knobs.model_fields))
+        default = self.Knobs.model_fields[knob].default
+        values = [v for v in grid(self.space(config, limits, None).get(knob))
+                  if v != default and self.damage_phases(self.Knobs(**{knob: v})) > 0]
+        return {knob: min(values, key=lambda v: abs(v - default))} if values else None
 
     # ---- candidate
     def active(self, knobs: Any) -> bool:

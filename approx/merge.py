@@ -183,6 +183,10 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
         if folder is not None:
             model = store.load_module(folder)
         else:
+            # Seeded before the output layer is widened: its new rows are drawn from torch's generator, and drawn from
+            # whatever state the process had left it in they made each run's merged NN another one under one key
+            # (CropFollow's merged NN erred heading 1.899 in one quick run and 1.97 in the next; session 37).
+            torch.manual_seed(int(key[:8], 16))
             model = _widened(group, lead, columns, y_train)
             merging = f"merging {', '.join(group.names)} into one backbone"
             how = f", {lead.name}'s {group.freeze} frozen" if group.freeze else ""
@@ -191,7 +195,6 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
             def report(done: int, steps: int, seconds: float) -> None:
                 progress(f"{merging}: {done} of {steps} steps in {seconds / 60:.1f} min, "
                          f"about {seconds / done * (steps - done) / 60:.0f} min left")
-            torch.manual_seed(int(key[:8], 16))
             with _replayed(model, group, lead, d.x_train, device) as frames:
                 Distiller(frames, y_train, lambda: y_train, recipe, int(key[:8], 16), device).run(
                     model, group.finetune_steps, report)

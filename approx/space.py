@@ -97,7 +97,8 @@ class KnobSpace:
 
     def holding(self, knobs: Iterable[str]) -> KnobSpace:
         """This space with ``knobs`` held at their defaults: a trial sets them as the reference NN has them, every
-        pass's other knobs as before (a study that knows no setting of a knob can meet its bound, :mod:`qaopt.agnostic`)."""
+        pass's other knobs as before (for a study that knows no setting of a knob can meet its bound,
+        :mod:`qaopt.agnostic`)."""
         return replace(self, held=self.held | frozenset(knobs))
 
     def mildest(self) -> dict[str, dict[str, Any]]:

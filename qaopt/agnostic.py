@@ -383,7 +383,8 @@ def _seed(ctx: SearchContext, unit: Unit, study: optuna.Study, events: StageEven
     events.note(f"{MODE} {unit.label}: seeding with the reference, each precision alone and the deepest "
                 "pruning ratio within tolerance")
     space = ctx.plan.knob_spaces[unit.nn].holding(held)
-    for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in seeds(ctx, unit, space, mild)):
+    first = seeds(ctx, unit, space, mild)
+    for knobs in dict.fromkeys(tuple(sorted(space.params_of(k, unit.nn).items())) for k in first):
         study.enqueue_trial(dict(knobs), skip_if_exists=True)
 
 

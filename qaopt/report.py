@@ -55,11 +55,12 @@ PARETO_NOTE = ("Every trial by its latency per frame (log scale: equal horizonta
                "application-aware configurations are marked, with their speedups in the legend.")
 INFORMED_NOTE = ("Before sampling, each probe (a dtype, an input scale) was built alone on each unit's reference NN "
                  "(a unit: an NN alone, or a merge group's merged NN), without fine-tuning, and timed untuned; a "
-                 "combination's frame latency is estimated from those factors. The walk then built combinations as "
-                 "their trials build them (a damaged NN with the full fine-tuning budget, one only quantized with "
-                 "none), bisecting by estimate for the cheapest one inside the region: the cheapest inside and a "
-                 "milder fallback became the first trials after the reference. Estimates only order the walk; the "
-                 "trials below measure the real latency.")
+                 "combination's frame latency is estimated from those factors. The walk then bisected over weights "
+                 "(input scales, merged or apart) by their estimate at the cheapest precision, for the cheapest "
+                 "inside the region, judging each weights at its cheapest precision first, then at its own; each "
+                 "combination built as its trials build it (a damaged NN with the full fine-tuning budget, one only "
+                 "quantized with none): the cheapest inside and a milder fallback became the first trials after the "
+                 "reference. Estimates only order the walk; the trials below measure the real latency.")
 CHECKS_NOTE = ("The front's configurations nearest the region's boundary, run closed-loop while the search went on "
                "(search.closed_loop); a failure corrected the region for the trials after it.")
 SEEDS_NOTE = ("Seeds: *selection* runs (the checks during the search and the front's validation) chose the "

@@ -73,7 +73,8 @@ if TYPE_CHECKING:
 WALK_BUILDS = 6
 """Weights (a layout's input scales and merges) a walk judges at most (bisection: enough for 64 of them)."""
 PRECISION_BUILDS = 2
-"""Precision mixes a weights' judgement builds at most between its cheapest and its dearest (:func:`cheapest_precision`)."""
+"""Precision mixes a weights' judgement builds at most between its cheapest and its dearest
+(:func:`cheapest_precision`)."""
 
 Probe = Mapping[str, Any]
 

@@ -54,7 +54,8 @@ class ScriptedLatency(SearchContext):
 def _context(tmp_path: Path, monkeypatch, round_to: int = 4) -> ScriptedLatency:
     monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
     data = yaml.safe_load((APPS / "tiny.yaml").read_text())
-    data["approximations"] = {"all": {"pruning": {"ratio": [0.0, 0.5], "round_to": round_to}, "quantization": {"dtypes": ["fp32"]}}}
+    data["approximations"] = {"all": {"pruning": {"ratio": [0.0, 0.5], "round_to": round_to},
+                                      "quantization": {"dtypes": ["fp32"]}}}
     data["search"]["trials"] = TRIALS
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     spec = load_spec(tmp_path / "tiny.yaml")

@@ -80,6 +80,19 @@ def test_a_long_merge_distillation_says_how_far_it_is(pair, tmp_path, monkeypatc
     assert said == [], "read back from the cache, it has nothing to report"
 
 
+def test_a_merged_nn_is_the_same_bytes_whatever_ran_before_it(pair, tmp_path):
+    """Its cache key names what it is built from, so two builds under one key must be one NN: the widened output
+    layer's new rows are drawn after seeding, not from whatever state earlier work left torch's generator in."""
+    from qaopt.approx.merge import merged_target
+
+    built = []
+    for i, draws in enumerate((0, 7)):
+        torch.randn(draws)  # earlier work in the process
+        target = merged_target(MergeGroup(pair, finetune_steps=4), cache_dir=tmp_path / str(i), recipe=FAST)
+        built.append(target.model.state_dict())
+    assert built[0].keys() == built[1].keys() and all(torch.equal(built[0][k], built[1][k]) for k in built[0])
+
+
 def test_a_frozen_backbone_stays_the_leads_and_the_new_head_learns_on_its_features(pair, tmp_path):
     """A group that freezes its lead's backbone distils only what reads it, on features computed once: the backbone
     comes out bit for bit the lead's, the widened head still learns the other NN's outputs in its unit, and the
@@ -163,7 +176,8 @@ def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallbac
 
     def judge(option, bound):
         tried.append(option)
-        return (float(option[1]), option) if 4 <= option[1] < bound else None  # (layout, aggressiveness): milder, inside
+        # An option: (layout, aggressiveness); the milder, the more likely inside.
+        return (float(option[1]), option) if 4 <= option[1] < bound else None
 
     merged = [(float(k), ("merged", k)) for k in range(1, 13)]
     apart = [(float(k), ("apart", k)) for k in range(10, 30)]

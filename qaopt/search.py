@@ -509,25 +509,44 @@ class Objective:
         return values
 
     def _candidates(self, trial: optuna.Trial) -> dict[str, Candidate]:
-        """Sample the trial's knobs and build its candidates: each merge group merged or apart, then every NN
-        not merged on its own knobs. A merged group's knobs are its lead's (sampled under the lead's name)."""
-        ctx, plan = self.ctx, self.ctx.plan
-        merged = [g for g in plan.merge_groups if trial.suggest_categorical(g.param, [False, True])]
-        knobs = {}
-        for group in merged:
-            lead = ctx.merge_leads[group]
-            knobs[group] = plan.knob_spaces[lead].sample(trial, lead, seed=plan.seed)
-        alone = {name: plan.knob_spaces[name].sample(trial, name, seed=plan.seed) for name in ctx.nns
-                 if not any(name in g.nns for g in merged)}
+        """Sample the trial's knobs and build its candidates (:func:`trial_units`)."""
+        ctx = self.ctx
+        units = trial_units(ctx, trial)
         self._say(trial, "building")
-        candidates = {name: ctx.build(name, k) for name, k in alone.items()}
-        for group, k in knobs.items():
-            candidates.update(ctx.build_merged(group, k))
+        candidates: dict[str, Candidate] = {}
+        for unit, knobs in units.items():
+            candidates.update(ctx.build_unit(unit, knobs))
         return {name: candidates[name] for name in ctx.nns}
 
     def _values(self, latency: float, memory: int | None) -> list[float]:
         figures = {"latency": latency, "memory": (memory or 0) / 2**20}
         return [figures[o] for o in self.ctx.plan.objectives]
+
+
+def trial_units(ctx: SearchContext, trial: optuna.Trial | optuna.trial.FixedTrial) -> dict[Unit, Knobs]:
+    """What a trial builds: each merge group merged or apart, then every NN not merged on its own knobs. A merged
+    group's knobs are its lead's (sampled under the lead's name)."""
+    plan = ctx.plan
+    merged = [g for g in plan.merge_groups if trial.suggest_categorical(g.param, [False, True])]
+    units = {Unit(ctx.merge_leads[g], g): plan.knob_spaces[ctx.merge_leads[g]].sample(trial, ctx.merge_leads[g],
+                                                                                      seed=plan.seed)
+             for g in merged}
+    units.update({Unit(name): plan.knob_spaces[name].sample(trial, name, seed=plan.seed) for name in ctx.nns
+                  if not any(name in g.nns for g in merged)})
+    return units
+
+
+def built_by(ctx: SearchContext, params: Mapping[str, Any]) -> tuple | None:
+    """What a trial of ``params`` builds and how it runs it (its schedule, each unit and its knobs), or ``None`` when
+    the parameters leave part of it to the sampler. Two sets of parameters may build the same configuration (a
+    merged trial does not read its other members' parameters): the study's seeds are told apart by this."""
+    fixed = optuna.trial.FixedTrial(dict(params))
+    try:
+        schedule = fixed.suggest_categorical("schedule", list(schedules_for(len(ctx.nns), threads_of(ctx.target))))
+        units = trial_units(ctx, fixed)
+    except ValueError:  # a parameter the trial would suggest is not given
+        return None
+    return schedule, tuple(sorted((u.label, k.model_dump_json()) for u, k in units.items()))
 
 
 def _nns_key(candidates: Mapping[str, Candidate]) -> tuple[tuple[str, str], ...]:
@@ -578,8 +597,19 @@ def run_study(
 
 def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events: StageEvents,
           known: Sequence[Configuration]) -> None:
-    """Enqueue the aware study's seeds that it does not hold yet (all of them in a new study)."""
+    """Enqueue the aware study's seeds that it does not hold yet (all of them in a new study), each configuration
+    once: the agnostic choice is often a precision trial too, and the informed cheapest a merged NN's precision trial
+    (a quick profile's six trials once ran two of them twice, and never the merged int8 NN)."""
     plan = ctx.plan
+    held = {built_by(ctx, t.params or t.system_attrs.get("fixed_params", {}))
+            for t in study.get_trials(deepcopy=False)} - {None}
+
+    def enqueue(params: dict[str, Any]) -> None:
+        built = built_by(ctx, params)
+        if built is None or built not in held:
+            study.enqueue_trial(params, skip_if_exists=True)
+            held.add(built)
+
     # The reference configuration (nothing approximated) is always the first trial.
     reference_knobs = ctx.reference_knobs
     spaces = {nn: plan.knob_spaces[nn] for nn in reference_knobs}
@@ -588,7 +618,7 @@ def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events:
         params.update(spaces[nn].params_of(k, nn))
     params["schedule"] = "sequential"
     params.update({group.param: False for group in plan.merge_groups})
-    study.enqueue_trial(params, skip_if_exists=True)
+    enqueue(params)
     # Then the cheapest combination of probes found inside the study's bounds and a milder fallback
     # (qaopt.seeding), so that a short study does not have to come upon them by sampling.
     if len(study.get_trials(deepcopy=False)) <= 1:  # a new study (a resumed one has its informed trials)
@@ -596,14 +626,14 @@ def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events:
         if start is not None:
             study.set_user_attr(ATTR_INFORMED, start.model_dump(mode="json"))
         for trial in informed:
-            study.enqueue_trial(trial, skip_if_exists=True)
+            enqueue(trial)
     for config in known:
-        study.enqueue_trial(configuration_params(ctx, config), skip_if_exists=True)
+        enqueue(configuration_params(ctx, config))
     # Then each precision alone, apart and then on each merged NN (precision_trials).
     probes = {nn: spaces[nn].probes(alone=True) for nn in reference_knobs}
     leads = {g: ctx.merge_leads[g] for g in plan.merge_groups}
     for trial in precision_trials(params, reference_knobs, probes, leads):
-        study.enqueue_trial(trial, skip_if_exists=True)
+        enqueue(trial)
 
 
 def open_study(name: str, storage: BaseStorage, seed: int, objectives: int, references: Mapping[str, str],

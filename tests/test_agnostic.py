@@ -51,11 +51,11 @@ class ScriptedLatency(SearchContext):
         return sum(cost(c) for c in frame_models(candidates).values()), 0
 
 
-def _context(tmp_path: Path, monkeypatch, round_to: int = 4) -> ScriptedLatency:
+def _context(tmp_path: Path, monkeypatch, round_to: int = 4, dtypes: tuple[str, ...] = ("fp32",)) -> ScriptedLatency:
     monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
     data = yaml.safe_load((APPS / "tiny.yaml").read_text())
     data["approximations"] = {"all": {"pruning": {"ratio": [0.0, 0.5], "round_to": round_to},
-                                      "quantization": {"dtypes": ["fp32"]}}}
+                                      "quantization": {"dtypes": list(dtypes)}}}
     data["search"]["trials"] = TRIALS
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     spec = load_spec(tmp_path / "tiny.yaml")
@@ -211,3 +211,30 @@ def test_a_knob_whose_least_damaging_setting_is_outside_tolerance_is_held_at_the
     assert summary.trials_complete == TRIALS
     assert found.studies[f"{AGNOSTIC_STUDY_PREFIX}b"].held == {}, "NN b's mildest pruning is within its bound"
     assert found.chosen is not None and found.chosen.nns["a"].knobs["prune_ratio"] == 0.0
+
+
+def test_the_aware_study_enqueues_each_configuration_once(tmp_path, monkeypatch):
+    """Two parameter sets can build one configuration (a merged trial reads only its lead's knobs): the merged NN in
+    bf16 enqueued first as the walk enqueues it is not enqueued again as the merged NN's precision trial, which names
+    every NN's parameters, so a short study wastes no trial (a quick run once ran two of its six twice)."""
+    import optuna
+
+    from qaopt.search import _seed, built_by
+
+    ctx = _context(tmp_path, monkeypatch, dtypes=("fp32", "bf16"))
+    [group] = ctx.plan.merge_groups
+    lead = ctx.merge_leads[group]
+    reference = {k: v for nn in ctx.nns for k, v in ctx.plan.knob_spaces[nn].params_of(ctx.reference_knobs[nn],
+                                                                                       nn).items()}
+    walked = {"schedule": "sequential", group.param: True,
+              **{k: v for k, v in reference.items() if k.startswith(f"{lead}.")}, f"{lead}.dtype": "bf16"}
+    precision = {**reference, "schedule": "sequential", group.param: True, f"{lead}.dtype": "bf16"}
+    assert walked != precision and built_by(ctx, walked) == built_by(ctx, precision) is not None
+    assert built_by(ctx, {"schedule": "sequential"}) is None, "parameters the trial would still sample"
+    study = optuna.create_study(directions=["minimize"] * len(ctx.plan.objectives))
+    study.enqueue_trial(walked)
+
+    _seed(ctx, study, FixedRegion(ctx.space), Events().for_stage("aware search"), known=[])
+
+    built = [built_by(ctx, t.system_attrs["fixed_params"]) for t in study.get_trials(deepcopy=False)]
+    assert built.count(built_by(ctx, walked)) == 1 and len(set(built)) == len(built), "no configuration twice"

@@ -28,7 +28,7 @@ class Profile(BaseModel):
 
 
 PROFILES: dict[str, Profile] = {
-    # Finishes the shipped example in about 16 minutes on a 2-core CPU with bf16 (session 36; 2 of them distilling
+    # Finishes the shipped example in about 14 minutes on a 2-core CPU with bf16 (session 37; 2-3 of them distilling
     # its merged NN on a frozen backbone, once per cache): few trials, fine-tuning capped at 160 steps, untuned
     # kernels, and a short closed-loop check of the winner. The cap is what lets a scaled NN keep its accuracy:
     # CropFollow's merged NN at input scale 0.5, int8, erred distance L1 0.051 after 40 distillation steps (an

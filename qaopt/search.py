@@ -75,9 +75,9 @@ ATTR_INFEASIBLE = "infeasible"
 ATTR_REGION_VERSION = "region_version"
 """The version of the region that judged the trial (:class:`VersionedRegion`)."""
 ATTR_SKIPPED = "skipped"
+"""A study attribute: why the study ran no trial (an agnostic merged unit that cannot be within tolerance)."""
 ATTR_HELD = "held"
 """An agnostic unit study's attribute: knob -> why it holds that knob at the reference's setting."""
-"""A study attribute: why the study ran no trial (an agnostic merged unit that cannot be within tolerance)."""
 ATTR_INFORMED = "informed"
 """A study attribute: how the aware study chose its informed first trials (:class:`~qaopt.result.InformedStart`)."""
 ATTR_REFERENCES = "references"
@@ -528,9 +528,8 @@ def trial_units(ctx: SearchContext, trial: optuna.Trial | optuna.trial.FixedTria
     group's knobs are its lead's (sampled under the lead's name)."""
     plan = ctx.plan
     merged = [g for g in plan.merge_groups if trial.suggest_categorical(g.param, [False, True])]
-    units = {Unit(ctx.merge_leads[g], g): plan.knob_spaces[ctx.merge_leads[g]].sample(trial, ctx.merge_leads[g],
-                                                                                      seed=plan.seed)
-             for g in merged}
+    leads = {g: ctx.merge_leads[g] for g in merged}
+    units = {Unit(lead, g): plan.knob_spaces[lead].sample(trial, lead, seed=plan.seed) for g, lead in leads.items()}
     units.update({Unit(name): plan.knob_spaces[name].sample(trial, name, seed=plan.seed) for name in ctx.nns
                   if not any(name in g.nns for g in merged)})
     return units
@@ -601,14 +600,14 @@ def _seed(ctx: SearchContext, study: optuna.Study, region: RegionSource, events:
     once: the agnostic choice is often a precision trial too, and the informed cheapest a merged NN's precision trial
     (a quick profile's six trials once ran two of them twice, and never the merged int8 NN)."""
     plan = ctx.plan
-    held = {built_by(ctx, t.params or t.system_attrs.get("fixed_params", {}))
-            for t in study.get_trials(deepcopy=False)} - {None}
+    seeded = {built_by(ctx, t.params or t.system_attrs.get("fixed_params", {}))
+              for t in study.get_trials(deepcopy=False)} - {None}
 
     def enqueue(params: dict[str, Any]) -> None:
         built = built_by(ctx, params)
-        if built is None or built not in held:
+        if built is None or built not in seeded:
             study.enqueue_trial(params, skip_if_exists=True)
-            held.add(built)
+            seeded.add(built)
 
     # The reference configuration (nothing approximated) is always the first trial.
     reference_knobs = ctx.reference_knobs

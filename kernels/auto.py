@@ -50,9 +50,31 @@ DEVICE_BACKENDS: dict[str, tuple[BackendRef, ...]] = {"cpu": CPU_BACKENDS, "cuda
 """What ``auto`` measures on each device unless it is given its own list."""
 
 
+TUNED_ONLY = ("tvm",)
+"""Backends the device's own list races only where the target's budget tunes kernels: TVM's default schedules ran
+CropFollow's compact NNs at 261-263 ms a frame where ONNX Runtime ran them at 3.3-3.4 ms (the README's quick run,
+docs/BENCHMARKS.md, session 37), so untuned it cannot win, and compiling it cost about 8 s a candidate. A spec that
+lists TVM in ``target.backends`` still races it untuned."""
+
+
+UNTUNED_REASON = ("not raced: the target tunes no kernels (target.tuning; the quick profile tunes none), and untuned "
+                  "it cannot win")
+
+
 def raced(target: Target) -> tuple[BackendRef, ...]:
-    """The backends ``auto`` measures for ``target``: the spec's ``target.backends``, else the device's own list."""
-    return target.backends or DEVICE_BACKENDS[target.device]
+    """The backends ``auto`` measures for ``target``: the spec's ``target.backends``, else the device's own list
+    less :func:`untuned_out`."""
+    if target.backends:
+        return target.backends
+    return tuple(r for r in DEVICE_BACKENDS[target.device] if r not in untuned_out(target))
+
+
+def untuned_out(target: Target) -> tuple[BackendRef, ...]:
+    """The :data:`TUNED_ONLY` backends of the device's own list that ``auto`` leaves out because ``target`` tunes
+    nothing (none where the spec lists its backends, or where nothing else would be left)."""
+    refs = DEVICE_BACKENDS[target.device]
+    out = tuple(r for r in refs if r.name in TUNED_ONLY)
+    return () if target.backends or target.tuning.tunes or len(out) == len(refs) else out
 
 
 OUTCOMES_ARTIFACT, OUTCOMES_VERSION = "kernels-outcomes", 1
@@ -176,6 +198,8 @@ class AutoBackend:
                 best_compiled, best_ms = compiled, outcome.measurement.median_ms
         if best_compiled is None:
             raise KernelsError("no backend could run the model: " + "; ".join(f"{o.backend}: {o.error}" for o in outcomes))
+        if self.backends is None:
+            outcomes += [Outcome(str(r), error=UNTUNED_REASON) for r in untuned_out(target)]
         if cache is not None:
             write_json(cache, OUTCOMES_ARTIFACT, OUTCOMES_VERSION, [o.to_dict() for o in outcomes])
         return AutoCompiled(best_compiled, outcomes)

@@ -108,6 +108,11 @@ class TuningBudget:
     seconds: float | None = None
     database: str | None = None
 
+    @property
+    def tunes(self) -> bool:
+        """Whether any tuning runs: a trial or a second budgeted (both 0/None: default schedules only)."""
+        return self.trials > 0 or bool(self.seconds)
+
 
 class RPCConfig(RPCSpec):
     """A remote device reached over TVM RPC: the spec's ``target.rpc`` section, with this machine as default host.

@@ -146,7 +146,7 @@ class TvmBackend:
         start = time.perf_counter()
         prepared = prepare(model, example_inputs, target, self.name)
         report, database = None, None
-        if target.tuning.trials > 0 or target.tuning.seconds:
+        if target.tuning.tunes:
             report, database = self._tune(prepared, example_inputs, target)
         executable = build(prepared, database)
         if target.device == "rpc":

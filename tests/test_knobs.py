@@ -111,6 +111,25 @@ def test_a_frozen_backbone_stays_the_leads_and_the_new_head_learns_on_its_featur
     assert views["distance"].error < 0.5 * np.abs(ratio - ratio.mean()).mean()
 
 
+def test_a_frozen_backbones_distillation_needs_no_batch_converted_only_its_rows(pair, tmp_path, monkeypatch):
+    """Each step replays the frozen part's outputs for the batch's rows, so the frames the student reads before it
+    are one stand-in batch converted once: the merged NN comes out bit for bit the one trained on each batch's own
+    frames."""
+    from qaopt.approx import merge
+    from qaopt.approx.merge import merged_target
+
+    frozen = MergeGroup(pair, finetune_steps=30, freeze="backbone")
+    stand_in = merged_target(frozen, cache_dir=tmp_path / "stand-in", recipe=FAST).model.state_dict()
+
+    def own_frames(self, rows):
+        self.replay.rows = np.asarray(rows)
+        return self.frames[rows]
+
+    monkeypatch.setattr(merge._ReplayedFrames, "__getitem__", own_frames)
+    own = merged_target(frozen, cache_dir=tmp_path / "own", recipe=FAST).model.state_dict()
+    assert stand_in.keys() == own.keys() and all(torch.equal(stand_in[k], own[k]) for k in own)
+
+
 @pytest.mark.parametrize(("freeze", "message"), [
     ("trunk", "has no submodule 'trunk'; its top-level submodules are ['backbone', 'head']"),
     ("head", "'head' holds NN 'heading''s output layer"),

@@ -82,6 +82,23 @@ def test_auto_measures_openvino_by_default_on_cpu():
     assert "openvino" in [str(r) for r in kernels.auto.CPU_BACKENDS]
 
 
+def test_auto_races_tvm_on_cpu_only_where_the_target_tunes_or_the_spec_lists_it(monkeypatch):
+    """Untuned, TVM's default schedules ran CropFollow's NNs 70x slower than ONNX Runtime: the device's own list
+    leaves TVM out then, and the outcomes say so; a tuning budget, or a spec that names it, races it."""
+    from qaopt.kernels.auto import raced
+    from qaopt.kernels.target import TuningBudget
+
+    untuned, tuned = Target(threads=1), Target(threads=1, tuning=TuningBudget(trials=8))
+    assert "tvm" not in [r.name for r in raced(untuned)] and "openvino" in [r.name for r in raced(untuned)]
+    assert "tvm" in [r.name for r in raced(tuned)]
+    assert [r.name for r in raced(Target(threads=1, backends=(kernels.BackendRef("tvm"),)))] == ["tvm"]
+    monkeypatch.setitem(kernels.auto.DEVICE_BACKENDS, "cpu", (kernels.BackendRef("onnxruntime"),
+                                                             kernels.BackendRef("tvm")))
+    outcomes = {o.backend: o for o in AutoBackend(protocol=QUICK).compile(_net(), [X], untuned).outcomes}
+    assert outcomes["onnxruntime"].measurement is not None
+    assert outcomes["tvm"].measurement is None and outcomes["tvm"].error.startswith("not raced: the target tunes no")
+
+
 def test_measurement_records_are_keyed_by_the_machine(monkeypatch, tmp_path):
     auto = AutoBackend(backends=["onnxruntime"], cache_dir=tmp_path, protocol=QUICK)
     here = auto._cache_file(_net(), [X], Target(threads=1), auto._refs(Target(threads=1)))

@@ -28,9 +28,10 @@ class Profile(BaseModel):
 
 
 PROFILES: dict[str, Profile] = {
-    # Finishes the shipped example in about 14 minutes on a 2-core CPU with bf16 (session 37; 2-3 of them distilling
-    # its merged NN on a frozen backbone, once per cache): few trials, fine-tuning capped at 160 steps, untuned
-    # kernels, and a short closed-loop check of the winner. The cap is what lets a scaled NN keep its accuracy:
+    # Finishes the shipped example in 9-10 minutes on a 2-core Zen 5 CPU and 13-16 on a Zen 4 one, both with bf16
+    # (sessions 37-38; 1-3 of them distilling its merged NN on a frozen backbone, once per cache): few trials,
+    # fine-tuning capped at 160 steps, untuned kernels (so no TVM), and a short closed-loop check of the winner.
+    # The cap is what lets a scaled NN keep its accuracy:
     # CropFollow's merged NN at input scale 0.5, int8, erred distance L1 0.051 after 40 distillation steps (an
     # earlier quick run) and 0.043 after 160 (the knobs table), the reference 0.035 and the region's reach 0.047
     # (docs/BENCHMARKS.md, "Knobs"). No closed-loop checks during the search: a CropFollow check costs minutes, and six

@@ -14,7 +14,7 @@ from matplotlib.artist import Artist  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogFormatter  # noqa: E402
 
 from qaopt.agnostic import AGNOSTIC_STUDY_PREFIX  # noqa: E402
 from qaopt.app_spec import store  # noqa: E402
@@ -254,6 +254,14 @@ class _Point(NamedTuple):
     feasible: bool
 
 
+class _PlainLogFormatter(LogFormatter):
+    """The minor ticks a log axis labels (where it spans less than a decade or two), as plain numbers: 0.6 and 2,
+    not 6x10^-1 and 2x10^0."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
 def pareto_figure(result: Result) -> Figure:
     """Latency (log axis) vs memory of every measured trial, coloured by knob family, with the reference and the two
     chosen configurations marked and their speedups in the legend.
@@ -294,6 +302,7 @@ def pareto_figure(result: Result) -> Figure:
     handles = marked + study_handles + [Patch(color=colours[f], label=f) for f in families]
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False))
     ax.set_xlabel("latency per frame (ms, log scale)")
     ax.set_ylabel("peak memory (MiB)")
     ax.set_title("Search trials by knob family")

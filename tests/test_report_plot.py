@@ -77,3 +77,27 @@ def test_pareto_figure_puts_latency_on_a_log_axis_and_marks_the_chosen_configura
         plt.close(fig)
     png = plot_pareto(result, tmp_path / "pareto.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_latency_axis_under_a_decade_wide_labels_its_ticks_as_plain_numbers(tmp_path):
+    """The README's run spans 0.65 to 4.2 ms: matplotlib's default would label 6x10^-1 and 2x10^0 beside 1."""
+    reference, aware = _config(None, 4.16, {}), _config(2, 0.655, {"dtype": "int8"}, serves=["heading", "distance"])
+    agnostic = _config(None, 1.96, {"dtype": "bf16"})
+    trials = [_trial(0, reference.model_copy(update={"trial": 0})), _trial(1, _config(1, 1.4, {"dtype": "int8"})),
+              _trial(2, aware)]
+    studies = {"aware": StudySummary(name="aware", trials_complete=3, trials_failed=0, trials_feasible=3,
+                                     trials=trials)}
+    result = Result(app="tiny", spec="tiny.yaml", spec_hash="0", profile="quick", run_dir=tmp_path,
+                    reference=reference, aware=aware, agnostic=agnostic, agnostic_tolerance=0.02,
+                    speedups=Speedups.of(reference, aware, agnostic), validations=[], fidelity=Fidelity.of(None, []),
+                    studies=studies, region=tmp_path / "region.json", report=tmp_path / "report.md")
+    fig = pareto_figure(result)
+    try:
+        fig.canvas.draw()
+        lo, hi = fig.axes[0].get_xlim()
+        labels = [t.get_text() for t in fig.axes[0].get_xticklabels(which="both")
+                  if t.get_text() and lo <= t.get_position()[0] <= hi]
+        assert "1" in labels and len(labels) > 2, labels
+        assert all(label.replace(".", "", 1).isdigit() for label in labels), labels
+    finally:
+        plt.close(fig)

@@ -190,27 +190,46 @@ def test_an_unresolved_trial_past_any_practical_data_is_told_to_widen_the_bound_
 
 
 def test_a_knob_whose_least_damaging_setting_is_outside_tolerance_is_held_at_the_reference(tmp_path, monkeypatch):
-    """NN a's bound below what its mildest pruning errs: no pruned trial of it can be within (what prunes more errs
-    more), so its study holds prune_ratio at 0 and says why. (Channels rounded to single ones, so that the mildest
-    ratio removes one.)"""
+    """NN b's bound below what its mildest pruning errs by its point error: no pruned trial of it can be within (what
+    prunes more errs more), so its study holds prune_ratio at 0 and says why. (Channels rounded to single ones, so
+    that the mildest ratio removes one.)"""
+    ctx = _context(tmp_path, monkeypatch, round_to=1)
+    plan = ctx.plan
+    space = plan.knob_spaces["b"]
+    [mildest] = space.mildest().values()
+    judged = ctx.judgement("b", ctx.build("b", space.base(seed=plan.seed, **mildest)))
+    assert judged.excess > 0, "the toy's mildest pruning of NN b errs more than its reference"
+    tight = Tolerance("l1", judged.excess / 2 / judged.reference)
+    ctx = ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "b": tight}), ctx.nns, ctx.space)
+
+    found = search_agnostic(ctx, open_storage(f"sqlite:///{tmp_path / 'study.db'}"), FixedRegion(ctx.space),
+                            Events().for_stage("agnostic search"))
+
+    summary = found.studies[f"{AGNOSTIC_STUDY_PREFIX}b"]
+    assert set(summary.held) == {"prune_ratio"} and "already outside tolerance" in summary.held["prune_ratio"]
+    assert all(t.params.get("b.prune_ratio", 0.0) == 0.0 for t in summary.trials), "no trial prunes NN b"
+    assert summary.trials_complete == TRIALS
+    assert found.studies[f"{AGNOSTIC_STUDY_PREFIX}a"].held == {}, "NN a's mildest pruning is within its bound"
+    assert found.chosen is not None and found.chosen.nns["b"].knobs["prune_ratio"] == 0.0
+
+
+def test_a_knob_whose_least_damaging_setting_only_the_bound_rejects_stays_searched(tmp_path, monkeypatch):
+    """NN a's bound between its mildest pruning's point excess and that excess's upper bound: the validation data
+    cannot show it within, nor outside, and another ratio may be shown within, so no knob is held."""
     ctx = _context(tmp_path, monkeypatch, round_to=1)
     plan = ctx.plan
     space = plan.knob_spaces["a"]
     [mildest] = space.mildest().values()
     judged = ctx.judgement("a", ctx.build("a", space.base(seed=plan.seed, **mildest)))
-    assert judged.ucb > 0, "the toy's mildest pruning of NN a may err more than its reference"
-    tight = Tolerance("l1", judged.ucb / 4 / judged.reference)
-    ctx = ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "a": tight}), ctx.nns, ctx.space)
+    assert judged.excess < judged.ucb
+    between = Tolerance("l1", (max(judged.excess, 0.0) + judged.ucb) / 2 / judged.reference)
+    ctx = ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "a": between}), ctx.nns, ctx.space)
+    assert ctx.judgement("a", ctx.build("a", space.base(seed=plan.seed, **mildest))).unresolved
 
     found = search_agnostic(ctx, open_storage(f"sqlite:///{tmp_path / 'study.db'}"), FixedRegion(ctx.space),
                             Events().for_stage("agnostic search"))
 
-    summary = found.studies[f"{AGNOSTIC_STUDY_PREFIX}a"]
-    assert set(summary.held) == {"prune_ratio"} and "already outside tolerance" in summary.held["prune_ratio"]
-    assert all(t.params.get("a.prune_ratio", 0.0) == 0.0 for t in summary.trials), "no trial prunes NN a"
-    assert summary.trials_complete == TRIALS
-    assert found.studies[f"{AGNOSTIC_STUDY_PREFIX}b"].held == {}, "NN b's mildest pruning is within its bound"
-    assert found.chosen is not None and found.chosen.nns["a"].knobs["prune_ratio"] == 0.0
+    assert found.studies[f"{AGNOSTIC_STUDY_PREFIX}a"].held == {}
 
 
 def test_the_aware_study_enqueues_each_configuration_once(tmp_path, monkeypatch):

@@ -223,8 +223,8 @@ class _ReplayedFrames:
 
     What the student computes from a batch's frames before the frozen part is thrown away (the replay stands in for
     the part's outputs, and nothing before it gets a gradient), so every batch of one size is the same frames,
-    converted to float once: converting each batch's own frames cost a third of CropFollow's head distillation on
-    a 2-core CPU (about 25 of 3000 steps' 75 s, session 37) and changes no bit of the merged NN."""
+    converted to float once: the profile of session 37's README run put 25 CPU s in converting training frames,
+    most of them these batches', and the stand-in changes no bit of the merged NN."""
 
     def __init__(self, frames, replay: _Replay):
         self.frames, self.replay = frames, replay

@@ -66,7 +66,8 @@ def raced(target: Target) -> tuple[BackendRef, ...]:
     less :func:`untuned_out`."""
     if target.backends:
         return target.backends
-    return tuple(r for r in DEVICE_BACKENDS[target.device] if r not in untuned_out(target))
+    left_out = untuned_out(target)
+    return tuple(r for r in DEVICE_BACKENDS[target.device] if r not in left_out)
 
 
 def untuned_out(target: Target) -> tuple[BackendRef, ...]:

@@ -200,8 +200,8 @@ def hopeless_knobs(ctx: SearchContext, unit: Unit) -> tuple[dict[str, str], list
         if why is None:
             mild.append(knobs)
             continue
-        if not nonfinite(candidates) and all(ctx.judgement(n, c).excess <= ctx.judgement(n, c).allowed
-                                             for n, c in candidates.items()):
+        judged = [ctx.judgement(n, c) for n, c in candidates.items()]
+        if not nonfinite(candidates) and all(j.excess <= j.allowed for j in judged):
             continue
         described = ", ".join(f"{k} {v}" for k, v in setting.items())
         held.update({knob: f"its least damaging setting ({described}, {knobs.finetune_steps} fine-tuning steps) is "

@@ -5,7 +5,10 @@ seed), so it is built once, stored under the hash of all of them, and reused by
 every later run. The registered passes do the work: the ``float`` passes (pruning,
 factorization, fine-tuning) make the fp32 model, stored apart from what the
 ``export`` passes (quantization) make of it, so trying int8 or bf16 on a pruned NN
-never prunes it again.
+never prunes it again. A float pass whose change is shared (a resolution adapted to
+its scale once: :meth:`~qaopt.approx.passes.ApproximationPass.shared`) is applied
+alone to the NN and stored under ``shared/<key>/``; the other passes, a pruning
+ladder included, start from that NN, the reference still their teacher.
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ def build(
             return _load(store, folder, meta, nn_, knobs, onnx)
         start = time.perf_counter()
         ctx = _context(nn_, knobs, recipe, store, device, onnx, progress)
-        float_key, model = _float_model(nn_, knobs, recipe, store, ctx)
+        float_key, model = _float_model(nn_, knobs, recipe, store, ctx,
+                                        lambda start: _context(nn_, knobs, recipe, store, device, onnx, progress, start))
         d = nn_.data
         with store.writing("candidates", key) as tmp:
             runnable = Runnable(copy.deepcopy(model))
@@ -127,24 +131,55 @@ def _load(store: Store, folder: Path, meta: dict, nn_: TargetNN, knobs: Knobs, o
 
 
 def _context(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, device: str,
-             onnx: OnnxToolchain | None, progress: Progress) -> BuildContext:
+             onnx: OnnxToolchain | None, progress: Progress, start: TargetNN | None = None) -> BuildContext:
+    """What the float passes build with: ``start`` (default ``nn_``) is the NN they start from, ladders included;
+    ``nn_``'s outputs teach them."""
+    start = start or nn_
     teacher = lambda: teacher_outputs(nn_, store, device)  # noqa: E731
     distiller = Distiller(nn_.data.x_train, nn_.data.y_train, teacher, recipe, knobs.seed, device)
     phases = sum(p.damage_phases(knobs) for p in passes("float"))
-    return BuildContext(nn=nn_, knobs=knobs, distiller=distiller, progress=progress, phases=phases, onnx=onnx,
-                        ladder=lambda ladder: Ladder(nn_, ladder, recipe, store, teacher, device=device, progress=progress))
+    return BuildContext(nn=start, knobs=knobs, distiller=distiller, progress=progress, phases=phases, onnx=onnx,
+                        ladder=lambda ladder: Ladder(start, ladder, recipe, store, teacher, device=device, progress=progress))
 
 
-def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, ctx: BuildContext) -> tuple[str, nn.Module]:
-    """The fp32 module the float passes make (cached apart from the export stage)."""
+def _shared_start(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, ctx: BuildContext) -> TargetNN:
+    """The NN the float passes start from: ``nn_``, or ``nn_`` changed by the passes whose change is shared,
+    built once (seeded, as a candidate is) and stored, keyed by what those passes set."""
+    shared = [p for p in passes("float") if p.shared(knobs)]
+    if not shared:
+        return nn_
+    key = content_hash("approx.shared", FORMAT, nn_.fingerprint, {p.name: p.identity(knobs) for p in shared},
+                       recipe.as_dict(), knobs.seed)
+    (store.root / "shared").mkdir(exist_ok=True)
+    with store.lock(f"shared-{key}"):
+        folder = store.entry("shared", key)
+        if folder is not None:
+            model = store.load_module(folder)
+        else:
+            torch.manual_seed(knobs.seed)
+            model = copy.deepcopy(nn_.model).float().eval()
+            for p in shared:
+                model = p.apply(model, knobs, ctx)
+            with store.writing("shared", key) as tmp:
+                store.save_module(model, tmp)
+    return TargetNN(nn_.name, model, nn_.data, nn_.input_shape, nn_.metric, architecture=key)
+
+
+def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, ctx: BuildContext,
+                 starting: Callable[[TargetNN], BuildContext]) -> tuple[str, nn.Module]:
+    """The fp32 module the float passes make (cached apart from the export stage); ``starting(start)`` is the
+    context of passes that start from ``start``, an NN a shared pass made of ``nn_``."""
     key = content_hash("approx.float", FORMAT, nn_.fingerprint, knobs.float_part(), recipe.as_dict())
     with store.lock(key):
         folder = store.entry("float", key)
         if folder is not None:
             return key, store.load_module(folder)
+        start = _shared_start(nn_, knobs, recipe, store, ctx)
+        if start is not nn_:
+            ctx = starting(start)
         torch.manual_seed(knobs.seed)
-        model = copy.deepcopy(nn_.model).float().eval()
-        float_passes = passes("float")
+        model = copy.deepcopy(start.model).float().eval()
+        float_passes = [p for p in passes("float") if not p.shared(knobs)]
         for p in float_passes:
             p.prepare(knobs, ctx)
         for p in float_passes:

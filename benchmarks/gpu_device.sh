@@ -57,10 +57,11 @@
 #            examples/cropfollow.yaml --profile quick`, empty cache, on cores 0-1 of this host with the GPU hidden
 #            and 2 threads, in the background; `progress` (and so `poll`) shows its log and brings $OUT/readme-cpu.tgz
 #            (its log, wall seconds, stage seconds, report and result)
-#   merge-adapt  benchmarks/merge_distillation.py on examples/cropfollow.yaml: its merged NN at input scale
-#            $QAOPT_MERGE_SCALE (default 0.5) in int8, adapted each of $QAOPT_MERGE_ADAPT steps (default 160 480
-#            1000) at that scale, 48 closed-loop runs each, in the background (poll; collect brings
-#            merge/merge_adapt_<scale>.json and merge.log): whether a longer adaptation keeps a scaled merged NN
+#   merge-adapt  benchmarks/merge_distillation.py on examples/cropfollow.yaml: its merged NN in int8 at each
+#            scale:adaptation-steps pair of $QAOPT_MERGE_VARIANTS (default 0.5:160 0.5:480 0.5:1000), $QAOPT_MERGE_RUNS
+#            closed-loop runs each (default 48) from seed $QAOPT_MERGE_SEED_BASE, in the background (poll; collect
+#            brings merge/merge_adapt_$QAOPT_MERGE_NAME.json, default merge_adapt_0.5.json, and merge.log): whether a
+#            longer adaptation keeps a scaled merged NN
 #   scenes   benchmarks/scene_failures.py on the real result's state (the running one's, else the carried
 #            snapshot) with the same spec fields and --reference: which selection seeds the validated configurations'
 #            real NNs failed, whether perfect NNs, their injected errors and the reference NNs fail them too
@@ -268,17 +269,18 @@ for step in "$@"; do
       ;;
     merge-adapt)
       # The compact spec's merged NN (its merge group as the spec sets it: 3000 steps, backbone frozen), distilled on
-      # the GPU, at input scale $QAOPT_MERGE_SCALE (default 0.5) in int8, adapted each of $QAOPT_MERGE_ADAPT steps
-      # (default 160 480 1000), 48 closed-loop runs each on the cores; one cache, so the merged NN distils once and a
-      # later call resumes; in the background (poll; collect brings merge/merge_adapt_<scale>.json and merge.log).
+      # the GPU, in int8 at each input scale:adaptation steps of $QAOPT_MERGE_VARIANTS (default 0.5:160 0.5:480
+      # 0.5:1000), $QAOPT_MERGE_RUNS closed-loop runs each (default 48) from seed $QAOPT_MERGE_SEED_BASE (default
+      # validation's selection seeds) on the cores; one cache, so the merged NN distils once and a later call
+      # resumes; in the background (poll; collect brings merge/merge_adapt_<$QAOPT_MERGE_NAME>.json and merge.log).
       mkdir -p "$BG/merge"
-      setsid nohup bash -c 'for adapt in $1; do
-          "$0" benchmarks/merge_distillation.py --spec examples/cropfollow.yaml --steps 3000 --scale "$2" \
-            --adapt $adapt --runs 48 --workers "$(nproc)" --cache-dir "$3/merge/cache-adapt" \
-            --json "$3/merge/merge_adapt_$2.json"
-        done' "$PY" "${QAOPT_MERGE_ADAPT:-160 480 1000}" "${QAOPT_MERGE_SCALE:-0.5}" "$BG" >> "$BG/merge.log" 2>&1 \
-        < /dev/null &
-      echo "merge-adapt: started (scale ${QAOPT_MERGE_SCALE:-0.5}, adaptation steps ${QAOPT_MERGE_ADAPT:-160 480 1000})"
+      setsid nohup bash -c 'for v in $1; do
+          "$0" benchmarks/merge_distillation.py --spec examples/cropfollow.yaml --steps 3000 --scale "${v%%:*}" \
+            --adapt "${v##*:}" --runs "$2" --seed-base "$3" --workers "$(nproc)" --cache-dir "$4/merge/cache-adapt" \
+            --json "$4/merge/merge_adapt_$5.json"
+        done' "$PY" "${QAOPT_MERGE_VARIANTS:-0.5:160 0.5:480 0.5:1000}" "${QAOPT_MERGE_RUNS:-48}" \
+        "${QAOPT_MERGE_SEED_BASE:-5000000}" "$BG" "${QAOPT_MERGE_NAME:-0.5}" >> "$BG/merge.log" 2>&1 < /dev/null &
+      echo "merge-adapt: started (${QAOPT_MERGE_VARIANTS:-0.5:160 0.5:480 0.5:1000}, ${QAOPT_MERGE_RUNS:-48} runs from seed ${QAOPT_MERGE_SEED_BASE:-5000000})"
       ;;
     scenes)
       real_sets

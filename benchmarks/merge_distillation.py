@@ -1,7 +1,7 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
-        [--freeze spec] [--precision auto] [--device auto] [--order NN ...] [--workers 2]
+        [--seed-base 5000000] [--references] [--freeze spec] [--precision auto] [--device auto] [--order NN ...] [--workers 2]
         [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
@@ -14,8 +14,10 @@ so give a cache that does not hold that merged NN yet) on ``--device`` (``auto``
 ``training.device``, so a GPU distils the ResNet-18 spec's merge), with its members in ``--order`` (default the
 spec's; the first listed leads on equal MACs: ``docs/knobs.md``, "Which NN leads"); measures each member's error on its
 own validation data against its reference NN's; and runs the merged NN in the closed loop: ``--runs`` seeded runs
-of the spec's run length, the seeds ``qaopt optimize``'s validation draws, judged with the spec's acceptance test
-on the fixed set of runs. Each finished variant is kept in ``<cache>/merge_distillation/`` and skipped on a re-run
+of the spec's run length, the seeds ``qaopt optimize``'s validation draws (``--seed-base``: others, e.g. seeds that
+neither the search's selection nor its fresh acceptance draws, so that choosing a design on them spends neither),
+judged with the spec's acceptance test on the fixed set of runs. ``--references`` runs the reference NNs instead
+(fp32, apart), for the failure rate that the application has before any approximation. Each finished variant is kept in ``<cache>/merge_distillation/`` and skipped on a re-run
 (a lost machine costs one variant). Writes ``--json``: the machine, the date and one row per variant kept there
 (the command that measured it, errors, ratios to the references, failed runs by index, verdict, build and loop seconds).
 """
@@ -31,6 +33,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+
+from qaopt.closed_loop import VALIDATION_SEED_BASE
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 8
@@ -71,7 +75,6 @@ def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, 
 def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     from qaopt import kernels
     from qaopt.approx.merge import build_merged
-    from qaopt.closed_loop import VALIDATION_SEED_BASE
     from qaopt.executor import ShippedNN
     from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of
 
@@ -81,25 +84,28 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     reference = {n: c.error for n, c in references.items()}
     knobs = base.model_copy(update={"input_scale": args.scale, "finetune_steps": args.adapt})
     start = time.perf_counter()
-    views = build_merged(group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx, device=args.device,
-                         progress=lambda message: print(f"  {message}", flush=True))
+    views = references if args.references else build_merged(
+        group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx, device=args.device,
+        progress=lambda message: print(f"  {message}", flush=True))
     build_s = time.perf_counter() - start
     print(f"{steps} steps: " + ", ".join(f"{n} {v.error:.4g} ({v.error / reference[n]:.3f}x)" for n, v in views.items())
           + f" ({build_s:.0f} s)", flush=True)
     shipped = {n: ShippedNN(v) for n, v in views.items()}
     params = {"entry_point": spec.evaluator.simulator.entry_point, "params": dict(spec.evaluator.simulator.params)}
-    seeds = [VALIDATION_SEED_BASE + i for i in range(args.runs)]
+    seeds = [args.seed_base + i for i in range(args.runs)]
     start = time.perf_counter()
     blocks = [pool.submit(run_block, params, shipped, seeds[b : b + BLOCK]) for b in range(0, len(seeds), BLOCK)]
     records = [r for f in blocks for r in f.result()]
     goal, test = goal_of(spec), acceptance_of(spec)
     failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]
     row = {"steps": steps, "lead": lead, "freeze": args.freeze, "command": " ".join(["python", *sys.argv]),
-           "knobs": {"dtype": "int8", "input_scale": args.scale, "finetune_steps": args.adapt},
+           "knobs": ({"dtype": "fp32", "input_scale": 1.0, "finetune_steps": 0} if args.references else
+                     {"dtype": "int8", "input_scale": args.scale, "finetune_steps": args.adapt}),
+           "merged": not args.references,
            "precision": recipe.precision,
            "error": {n: v.error for n, v in views.items()}, "reference_error": reference,
            "error_ratio": {n: round(v.error / reference[n], 4) for n, v in views.items()},
-           "runs": len(records), "failures": len(failed), "failed_runs": failed,
+           "seed_base": args.seed_base, "runs": len(records), "failures": len(failed), "failed_runs": failed,
            "verdict": test.decide_fixed(len(failed), len(records)).value,
            "build_s": round(build_s, 1), "loop_s": round(time.perf_counter() - start, 1)}
     print(f"{steps} steps: {len(failed)}/{len(records)} runs failed {failed} -> {row['verdict']}", flush=True)
@@ -109,9 +115,12 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
 def variant(steps: int, args: argparse.Namespace, precision: str) -> str:
     """The file name a variant is kept under (a full-resolution fp32 one in the spec's order as before the scale,
     precision and order existed: ``<steps>.json``)."""
+    if args.references:
+        return f"references-seeds{args.seed_base}x{args.runs}.json"
     name = f"{steps}" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}"
     name += f"-{'+'.join(args.order)}" if args.order else ""
     name += f"-frozen-{args.freeze}" if args.freeze else ""
+    name += f"-seeds{args.seed_base}x{args.runs}" if args.seed_base != VALIDATION_SEED_BASE else ""
     return f"{name}.json" if precision == "fp32" else f"{name}-{precision}.json"
 
 
@@ -122,6 +131,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="the merged NN's input scale (1.0: full resolution)")
     ap.add_argument("--adapt", type=int, default=0, help="fine-tuning steps at that scale")
     ap.add_argument("--runs", type=int, default=48)
+    ap.add_argument("--seed-base", type=int, default=VALIDATION_SEED_BASE,
+                    help="the first closed-loop seed (default: the first that qaopt optimize's validation draws)")
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="training arithmetic (auto: what qaopt optimize chooses on this machine)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -130,6 +141,8 @@ def main() -> None:
                     help="the merge group's members in this order (default: the spec's search.merge[0].nns)")
     ap.add_argument("--freeze", default="spec", help="the lead's submodule kept as trained while the merged NN "
                     "distils (spec: search.merge[0].freeze; none: end to end)")
+    ap.add_argument("--references", action="store_true",
+                    help="run the reference NNs (fp32, apart) instead of a merged NN, on the same seeds")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "merge_distillation.json")
@@ -160,7 +173,8 @@ def main() -> None:
             if not path.exists():
                 path.write_text(json.dumps(measure(steps, args, spec, recipe, pool), indent=1))
     rows = sorted((json.loads(p.read_text()) for p in done.glob("*.json")),
-                  key=lambda r: (-r["knobs"]["input_scale"], r["knobs"].get("finetune_steps", 0), r["steps"]))
+                  key=lambda r: (r.get("seed_base", VALIDATION_SEED_BASE), -r["knobs"]["input_scale"],
+                                 r["knobs"].get("finetune_steps", 0), r["steps"]))
     out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform(),
                        "python": platform.python_version(), "torch": torch.__version__},
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -248,7 +248,8 @@ def build_plan(
     left_out = fit_target(spec)
     for value in left_out:
         say(str(value))
-    limits = SearchLimits(prof.max_prune_steps, prof.max_finetune_steps, tuple(v.dtype for v in left_out))
+    limits = SearchLimits(prof.max_prune_steps, prof.max_finetune_steps, prof.max_adapt_steps,
+                          tuple(v.dtype for v in left_out))
     checks = spec.search.closed_loop
     return RunPlan(
         app=spec.app.name,

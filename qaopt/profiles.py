@@ -19,6 +19,8 @@ class Profile(BaseModel):
     trials: int | None = Field(None, ge=1, description="search trials per study (aware and agnostic)")
     calibration_budget: int | None = Field(None, ge=1, description="QoS evaluations of the calibration")
     max_finetune_steps: int | None = Field(None, ge=0, description="cap on each candidate's fine-tuning steps")
+    max_adapt_steps: int | None = Field(None, ge=0, description=(
+        "cap on the steps that adapt an NN to an input scale once, shared by the candidates at it (resolution.adapt_steps)"))
     max_prune_steps: int | None = Field(None, ge=1, description="cap on iterative pruning steps")
     tuning_trials: int | None = Field(None, ge=0, description="kernel-tuning trials per candidate")
     validation_runs: int = Field(50, ge=1, description="closed-loop runs per validated configuration")
@@ -45,6 +47,7 @@ PROFILES: dict[str, Profile] = {
         trials=6,
         calibration_budget=12,
         max_finetune_steps=160,
+        max_adapt_steps=160,
         max_prune_steps=1,
         tuning_trials=0,
         validation_runs=6,

@@ -221,7 +221,10 @@ def informed_trials(ctx: SearchContext, region: ErrorRegion, note: Callable[[str
         return most_finetuned(plan.knob_spaces[unit.nn], knobs_of(base[unit], combo))
 
     def latency(unit: Unit, probe: Probe) -> float:
-        return ctx.quick(ctx.build_unit(unit, knobs_of(base[unit], [probe] if probe else [])))[0]
+        # Timing needs a probe's shape, not its training: a scale is timed unadapted (an export, not an adaptation
+        # of every NN to every scale, most of which no trial takes).
+        knobs = knobs_of(base[unit], [probe] if probe else [])
+        return ctx.quick(ctx.build_unit(unit, knobs.model_copy(update={"input_adapt_steps": 0})))[0]
 
     note(f"aware: timing {sum(len(p) for u, p in probes.items() if u.group is None)} probes on the reference NNs "
          "(untuned, no fine-tuning) to choose the first trials")

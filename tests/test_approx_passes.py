@@ -59,7 +59,7 @@ def test_builtin_passes_in_order_with_their_knobs():
     assert [p.name for p in passes()] == ["pruning", "lowrank", "resolution", "quantization", "finetune"]
     assert [p.name for p in passes("export")] == ["quantization"]
     assert set(Knobs().model_dump()) == {"prune_ratio", "importance", "round_to", "prune_steps", "per_layer",
-                                          "ladder_step", "ladder_finetune_steps", "rank_ratio", "input_scale",
+                                          "ladder_step", "ladder_finetune_steps", "rank_ratio", "input_scale", "input_adapt_steps",
                                           "input_align", "dtype",
                                           "finetune_steps", "finetune_lr", "finetune_batch_size", "seed"}
 
@@ -121,9 +121,10 @@ def test_sampling_follows_the_spec_and_the_profile_caps():
         assert k.seed == 3 and k.prune_ratio == round(round(k.prune_ratio * 20) / 20, 6)  # on the 0.05 grid, rounded
         assert k.dtype in ("fp32", "bf16", "int8") and k.round_to == 8 and k.input_scale in (1.0, 0.75, 0.5, 0.375)
         assert k.prune_steps == (2 if k.prune_ratio > 0 else 1)
-        if k.prune_ratio > 0 or k.input_scale < 1:  # pruned or resized: fine-tuned
+        assert k.input_adapt_steps == (1000 if k.input_scale < 1 else 0), "a scale is adapted once, uncapped here"
+        if k.prune_ratio > 0:  # pruned: fine-tuned
             assert 100 <= k.finetune_steps <= 160 and "heading.finetune_steps" in trial.params
-        else:  # nothing damaged: nothing to fine-tune, and no budget is sampled
+        else:  # nothing damaged in the candidate (a scale comes adapted): nothing to fine-tune, no budget sampled
             assert k.finetune_steps == 0 and "heading.finetune_steps" not in trial.params
         study.tell(trial, 0.0)
     assert space.params_of(Knobs(), "heading") == {"heading.prune_ratio": 0.0, "heading.input_scale": 1.0,
@@ -142,8 +143,10 @@ def test_a_walk_judges_an_nn_with_the_fine_tuning_its_trial_runs():
     merged NN distilled 160 steps more once fell outside the region where the trials' own was inside)."""
     spec = load_spec(EXAMPLE)
     space = KnobSpace.from_section(spec.knobs_for("heading"), SearchLimits(max_finetune_steps=160))
-    for damaged in (space.base(prune_ratio=0.5), space.base(input_scale=0.5, dtype="int8")):
+    for damaged in (space.base(prune_ratio=0.5), space.base(input_scale=0.5, dtype="int8", input_adapt_steps=0)):
         assert space.offers("finetune_steps", damaged) and most_finetuned(space, damaged).finetune_steps == 160
+    adapted = space.base(input_scale=0.5, dtype="int8")  # the example adapts each scale once: nothing to recover
+    assert adapted.input_adapt_steps == 1000 and most_finetuned(space, adapted).finetune_steps == 0
     quantized = space.base(dtype="int8")
     assert not space.offers("finetune_steps", quantized)
     assert most_finetuned(space, quantized).finetune_steps == 0 == most_finetuned(space, space.base()).finetune_steps

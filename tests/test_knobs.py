@@ -43,6 +43,45 @@ def test_a_resolution_candidate_resizes_inside_its_graph_and_takes_the_full_fram
     np.testing.assert_allclose(int8.predict(x), fp32.predict(x), atol=0.3 * np.abs(fp32.predict(x)).max())
 
 
+def test_a_scale_adapted_once_is_shared_by_every_candidate_at_it(pair, tmp_path, monkeypatch):
+    """With ``input_adapt_steps`` the NN is adapted to its scale once: the int8 candidate and a pruned one at that
+    scale start from the stored adaptation (no second adaptation run), the unpruned one is that NN exactly, and the
+    pruned one's own fine-tuning only recovers its pruning."""
+    from qaopt.approx.finetune import Distiller
+
+    heading = pair[0]
+    runs: list[int] = []
+    real_run = Distiller.run
+    monkeypatch.setattr(Distiller, "run", lambda self, model, steps, *a, **k: (runs.append(steps),
+                                                                               real_run(self, model, steps, *a, **k))[1])
+    adapted = Knobs(input_scale=0.5, input_align=4, input_adapt_steps=30)
+    fp32 = build(heading, adapted, cache_dir=tmp_path)
+    assert runs == [30], "the adaptation ran once, and no candidate fine-tuning after it"
+    assert isinstance(fp32.module, InputResize) and fp32.module.size == (12, 16)
+    shared = list((tmp_path / "approx" / "shared").iterdir())
+    assert len([f for f in shared if f.is_dir() and not f.name.startswith(".")]) == 1
+    build(heading, adapted.model_copy(update={"dtype": "int8"}), cache_dir=tmp_path)
+    pruned = build(heading, adapted.model_copy(update={"prune_ratio": 0.5, "finetune_steps": 10}), cache_dir=tmp_path)
+    assert runs == [30, 10], "the pruned candidate started from the stored adaptation; its budget recovered the pruning"
+    assert isinstance(pruned.module, InputResize) and pruned.macs < fp32.macs
+    truth = heading.data.y_val
+    assert fp32.error < 0.5 * np.abs(truth - truth.mean()).mean(), "adapted at the lower resolution, it still works"
+    own = build(heading, Knobs(input_scale=0.5, input_align=4, finetune_steps=30), cache_dir=tmp_path)
+    assert own.key != fp32.key, "adapted by its own budget, a candidate keeps the key it always had"
+
+
+def test_adaptation_is_offered_only_at_a_lower_scale_and_leaves_nothing_to_fine_tune(pair):
+    from qaopt.approx import KnobSpace
+    from qaopt.approx.passes import SearchLimits
+
+    section = {"resolution": {"scales": [1.0, 0.5], "adapt_steps": 1000}, "finetune": {"steps": [100, 400]}}
+    space = KnobSpace.from_section(section, SearchLimits(max_adapt_steps=160))
+    assert space.base(input_scale=0.5).input_adapt_steps == 160, "the profile caps the adaptation"
+    assert not space.offers("finetune_steps", space.base(input_scale=0.5)), "nothing left to recover"
+    assert space.offers("finetune_steps", Knobs(input_scale=0.5)), "adapted by the candidate's budget: it is searched"
+    assert KnobSpace.from_section(section).base(input_scale=0.5).input_adapt_steps == 1000
+
+
 def test_merged_views_carry_each_heads_own_error_on_its_own_data(pair, tmp_path):
     group = MergeGroup(pair, finetune_steps=150)
     views = build_merged(group, Knobs(), cache_dir=tmp_path, onnx=onnx_toolchain, recipe=FAST)

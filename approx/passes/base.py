@@ -101,6 +101,8 @@ class SearchLimits:
 
     max_prune_steps: int | None = None
     max_finetune_steps: int | None = None
+    max_adapt_steps: int | None = None
+    """Cap on the steps that adapt an NN once to a setting every candidate with it shares (:meth:`ApproximationPass.shared`)."""
     excluded_dtypes: tuple[str, ...] = ()
     """Dtypes no backend of the target runs on its device, or that it would only emulate: never searched. The
     composing run decides them, from the backends' declarations (``qaopt.target_fit``)."""
@@ -217,6 +219,14 @@ class ApproximationPass:
         return {k.replace("_", " "): _text(v) for k, v in self.knob_values(knobs).items()}
 
     # ---- building (float stage)
+    def shared(self, knobs: Any) -> bool:
+        """Whether the change these knobs make is built once per NN and setting, and shared by every candidate that
+        makes it, instead of into each candidate: the builder applies the pass alone to the NN, stores the result, and
+        the other float passes start from it (a resolution adapted to its scale once: a ladder, a pruning and a trial's
+        fine-tuning then build on that adaptation, and pay for it once). A shared change needs no share of a
+        candidate's fine-tuning budget: its :meth:`damage_phases` are 0."""
+        return False
+
     def damage_phases(self, knobs: Any) -> int:
         """How many times the pass damages the model; each is followed by a share of the fine-tuning budget."""
         return 0

@@ -39,8 +39,10 @@ class FinetunePass(ApproximationPass):
     Knobs = FinetuneKnobs
 
     def space(self, config: FinetuneConfig | None, limits, chosen) -> dict[str, Any]:
-        # Searched only for an NN that another pass damaged: an intact NN has nothing to win back.
-        if config is None or (chosen is not None and not any(p.active(chosen) for p in passes("float") if p is not self)):
+        # Searched only for an NN that another pass damaged in the candidate: an intact NN, or one whose only change
+        # was adapted once and shared (a scaled NN's adaptation), has nothing to win back.
+        if config is None or (chosen is not None and not any(p.active(chosen) and not p.shared(chosen)
+                                                              for p in passes("float") if p is not self)):
             return {}
         lo, hi = config.steps
         if limits.max_finetune_steps is not None:

@@ -2,8 +2,14 @@
 
 The resize runs inside the candidate's graph, so the candidate still takes the
 application's full-size frame and its measured latency includes the resize. The NN
-adapts to the new scale by distillation from its reference at full resolution (one
-damage phase: the fine-tuning budget follows the resize).
+adapts to the new scale by distillation from its reference at full resolution: by
+default each candidate with the fine-tuning budget its trial samples (one damage
+phase), or, with ``adapt_steps``, once per NN and scale with that budget, stored and
+shared by every candidate at that scale (:meth:`ResolutionPass.shared`), so that a long
+adaptation costs a run once. A trial's budget caps what adapting costs it, and a
+scaled NN's closed-loop robustness grows with adaptation long after its mean error
+settles: CropFollow's merged NN at input 0.5, adapted 160 steps, failed 14 of 48 runs,
+480 steps 2, 1000 steps 1 (docs/BENCHMARKS.md, "Knobs").
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from optuna.distributions import CategoricalDistribution
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
 
 from ..errors import ApproxError
 from .base import ApproximationPass, PassConfig, PassKnobs, register_pass
@@ -26,6 +32,9 @@ class ResolutionConfig(PassConfig):
     scales: list[float] = Field(default_factory=lambda: list(DEFAULT_SCALES), min_length=1, description=(
         "shares of each side of the input, each in (0, 1]; 0.5 resizes a 240x320 frame to 120x160"))
     align: PositiveInt = Field(8, le=256, description="each resized side is a multiple of this (at least this)")
+    adapt_steps: NonNegativeInt = Field(0, le=100_000, description=(
+        "distillation steps that adapt the NN to each scale once, stored and shared by every candidate at that scale "
+        "(its pruning and fine-tuning start from it); 0: each candidate adapts with its own fine-tuning budget"))
 
     @field_validator("scales")
     @classmethod
@@ -38,10 +47,12 @@ class ResolutionConfig(PassConfig):
 
 class ResolutionKnobs(PassKnobs):
     """``input_scale`` of each side of the input is what the NN sees (1.0: the full frame); sides are rounded to
-    multiples of ``input_align``."""
+    multiples of ``input_align``; ``input_adapt_steps`` > 0 adapts the NN to the scale once, shared by every
+    candidate at it."""
 
     input_scale: float = Field(1.0, gt=0.0, le=1.0)
     input_align: PositiveInt = 8
+    input_adapt_steps: NonNegativeInt = 0
 
 
 @register_pass
@@ -53,16 +64,30 @@ class ResolutionPass(ApproximationPass):
     def space(self, config: ResolutionConfig | None, limits, chosen) -> dict[str, Any]:
         if config is None:
             return {}
-        return {"input_scale": CategoricalDistribution(config.scales), "input_align": config.align}
+        adapt = config.adapt_steps if limits.max_adapt_steps is None else min(config.adapt_steps, limits.max_adapt_steps)
+        return {"input_scale": CategoricalDistribution(config.scales), "input_align": config.align,
+                "input_adapt_steps": adapt}
 
     def probes(self, config: ResolutionConfig | None, limits) -> list[dict[str, Any]]:
         return [] if config is None else [{"input_scale": s} for s in config.scales if s < 1.0]
 
+    def settle(self, knobs: dict[str, Any]) -> dict[str, Any]:
+        return knobs if knobs.get("input_scale", 1.0) < 1.0 else {**knobs, "input_adapt_steps": 0}
+
     def active(self, knobs) -> bool:
         return knobs.input_scale < 1.0
 
+    def identity(self, knobs) -> dict[str, Any]:
+        # Candidates adapted by their own budget keep the keys they had before adaptation could be shared.
+        values = super().identity(knobs)
+        return values if knobs.input_adapt_steps else {k: v for k, v in values.items() if k != "input_adapt_steps"}
+
+    def shared(self, knobs) -> bool:
+        return self.active(knobs) and knobs.input_adapt_steps > 0
+
     def describe(self, knobs) -> dict[str, str]:
-        return {"input scale": f"{knobs.input_scale:g}"}
+        adapted = f" (adapted {knobs.input_adapt_steps} steps)" if self.shared(knobs) else ""
+        return {"input scale": f"{knobs.input_scale:g}{adapted}"}
 
     def check(self, knobs, nn: str, backend: str | None) -> None:
         if not 0.0 < knobs.input_scale <= 1.0:
@@ -84,7 +109,7 @@ class ResolutionPass(ApproximationPass):
         return problems
 
     def damage_phases(self, knobs) -> int:
-        return 1 if self.active(knobs) else 0
+        return 1 if self.active(knobs) and not self.shared(knobs) else 0
 
     def apply(self, model, knobs, ctx):
         if not self.active(knobs):
@@ -100,5 +125,10 @@ class ResolutionPass(ApproximationPass):
             raise ApproxError(ctx.nn.name, "input_scale", f"{knobs.input_scale:g} gives {size[0]}x{size[1]}, which the "
                                                           f"architecture cannot take: {why}")
         model = InputResize(model, size)
-        ctx.recover(model, f"input resized to {size[0]}x{size[1]}")
+        if self.shared(knobs):
+            ctx.progress(f"input resized to {size[0]}x{size[1]}: adapting {knobs.input_adapt_steps} steps "
+                         "(once per scale)")
+            ctx.distiller.run(model, knobs.input_adapt_steps)
+        else:
+            ctx.recover(model, f"input resized to {size[0]}x{size[1]}")
         return model

@@ -9,7 +9,8 @@ shared by every candidate at that scale (:meth:`ResolutionPass.shared`), so that
 adaptation costs a run once. A trial's budget caps what adapting costs it, and a
 scaled NN's closed-loop robustness grows with adaptation long after its mean error
 settles: CropFollow's merged NN at input 0.5, adapted 160 steps, failed 14 of 48 runs,
-480 steps 2, 1000 steps 1 (docs/BENCHMARKS.md, "Knobs").
+480 steps 2, 1000 steps 1; adapted 1000 steps at 0.75 it failed none of 56 (docs/BENCHMARKS.md, "Adapting a
+scale once").
 """
 
 from __future__ import annotations
@@ -126,9 +127,11 @@ class ResolutionPass(ApproximationPass):
                                                           f"architecture cannot take: {why}")
         model = InputResize(model, size)
         if self.shared(knobs):
-            ctx.progress(f"input resized to {size[0]}x{size[1]}: adapting {knobs.input_adapt_steps} steps "
-                         "(once per scale)")
-            ctx.distiller.run(model, knobs.input_adapt_steps)
+            adapting = f"input resized to {size[0]}x{size[1]}: adapting {knobs.input_adapt_steps} steps"
+            ctx.progress(f"{adapting} (once per scale)")
+            ctx.distiller.run(model, knobs.input_adapt_steps, lambda done, steps, seconds: ctx.progress(
+                f"{adapting}: {done} done in {seconds / 60:.1f} min, about {seconds / done * (steps - done) / 60:.0f} "
+                "min left"))
         else:
             ctx.recover(model, f"input resized to {size[0]}x{size[1]}")
         return model

@@ -65,6 +65,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from qaopt.approx import Candidate, Knobs, KnobSpace
+from qaopt.approx.passes import get_pass, knob_owners
 from qaopt.approx.passes.pruning import GRID, PruningConfig
 from qaopt.events import StageEvents
 from qaopt.kernels import schedules_for, threads_of
@@ -203,7 +204,8 @@ def hopeless_knobs(ctx: SearchContext, unit: Unit) -> tuple[dict[str, str], list
         judged = [ctx.judgement(n, c) for n, c in candidates.items()]
         if not nonfinite(candidates) and all(j.excess <= j.allowed for j in judged):
             continue
-        described = ", ".join(f"{k} {v}" for k, v in setting.items())
+        owners = dict.fromkeys(get_pass(knob_owners()[k]) for k in setting)
+        described = ", ".join(f"{label} {value}" for p in owners for label, value in p.describe(knobs).items())
         held.update({knob: f"its least damaging setting ({described}, {knobs.finetune_steps} fine-tuning steps) is "
                            f"already outside tolerance ({why}), so no trial setting it could be within"
                      for knob in setting})

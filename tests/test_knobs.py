@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from qaopt.approx import ErrorMetric, Knobs, TargetNN
+from qaopt.approx.knobs import describe
 from qaopt.approx.merge import MergeGroup, OutputColumns, build_merged
 from qaopt.approx.resolution import InputResize
 from qaopt.kernels import onnx as onnx_toolchain
@@ -68,6 +69,7 @@ def test_a_scale_adapted_once_is_shared_by_every_candidate_at_it(pair, tmp_path,
     assert fp32.error < 0.5 * np.abs(truth - truth.mean()).mean(), "adapted at the lower resolution, it still works"
     own = build(heading, Knobs(input_scale=0.5, input_align=4, finetune_steps=30), cache_dir=tmp_path)
     assert own.key != fp32.key, "adapted by its own budget, a candidate keeps the key it always had"
+    assert describe(adapted)["input scale"] == "0.5, adapted 30 steps" and describe(own.knobs)["input scale"] == "0.5"
 
 
 def test_adaptation_is_offered_only_at_a_lower_scale_and_leaves_nothing_to_fine_tune(pair):

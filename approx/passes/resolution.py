@@ -87,7 +87,7 @@ class ResolutionPass(ApproximationPass):
         return self.active(knobs) and knobs.input_adapt_steps > 0
 
     def describe(self, knobs) -> dict[str, str]:
-        adapted = f" (adapted {knobs.input_adapt_steps} steps)" if self.shared(knobs) else ""
+        adapted = f", adapted {knobs.input_adapt_steps} steps" if self.shared(knobs) else ""
         return {"input scale": f"{knobs.input_scale:g}{adapted}"}
 
     def check(self, knobs, nn: str, backend: str | None) -> None:

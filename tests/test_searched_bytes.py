@@ -85,8 +85,8 @@ def test_a_rebuild_into_other_bytes_outside_the_region_is_not_validated(searched
     spec_path, first = searched
     original = builder._float_model
 
-    def not_reproducible(nn_, knobs, recipe, store, ctx):
-        key, model = original(nn_, knobs, recipe, store, ctx)
+    def not_reproducible(nn_, knobs, recipe, store, *context):
+        key, model = original(nn_, knobs, recipe, store, *context)
         generator = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for p in model.parameters():

@@ -1,0 +1,77 @@
+"""What the in-graph resize of a scaled int8 candidate costs on OpenVINO's CPU plugin, op by op (issue 30).
+
+    python benchmarks/resize_cost.py --cache-dir <a run's cache> --candidate LABEL=KEY ... [--threads 2]
+        [--repeats 300] --json docs/benchmarks/resize_cost.json
+
+A scaled candidate resizes the full frame inside its graph (``qaopt.approx.resolution``), so its latency includes
+the resize. For each candidate (``LABEL=KEY``: a key under ``<cache>/approx/candidates/``, as ``result.json``'s
+``candidate`` fields name them) this compiles its int8 ONNX graph on OpenVINO's CPU plugin with ``--threads``
+inference threads and per-op profiling, times ``--repeats`` single-frame inferences after a warm-up, and records the
+median and the five costliest ops of the last inference (OpenVINO's own profile: real time, op type, kernel).
+Writes ``--json``: the machine, the date, the command and one row per candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def profile(path: Path, threads: int, repeats: int) -> dict:
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(path)), "CPU",
+                                  {"INFERENCE_NUM_THREADS": threads, "PERF_COUNT": "YES"})
+    request = compiled.create_infer_request()
+    frame = np.random.default_rng(0).random((1, 3, 240, 320), dtype=np.float32)
+    for _ in range(50):
+        request.infer({0: frame})
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        request.infer({0: frame})
+        seconds.append(time.perf_counter() - start)
+    ops = sorted(((p.real_time.total_seconds() * 1e3, p.node_type, p.exec_type) for p in request.profiling_info),
+                 reverse=True)
+    return {"median_ms": round(float(np.median(seconds)) * 1e3, 4),
+            "costliest_ops": [{"ms": round(ms, 4), "op": op, "kernel": kernel} for ms, op, kernel in ops[:5]],
+            "resize_ms": round(sum(ms for ms, op, _ in ops if op == "Interpolate"), 4)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache-dir", type=Path, required=True)
+    ap.add_argument("--candidate", nargs="+", required=True, help="LABEL=KEY, e.g. 'merged 0.75 int8=4b463de1fee4e8ad'")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=300)
+    ap.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args()
+
+    from qaopt import kernels
+
+    rows = []
+    for item in args.candidate:
+        label, _, key = item.rpartition("=")
+        path = args.cache_dir / "approx" / "candidates" / key / "model.int8.onnx"
+        if not path.is_file():
+            sys.exit(f"--candidate {item}: no int8 graph at {path}")
+        row = {"label": label, "candidate": key, **profile(path, args.threads, args.repeats)}
+        print(f"{label}: {row['median_ms']} ms, resize {row['resize_ms']} ms", flush=True)
+        rows.append(row)
+    out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform()},
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python", *sys.argv]),
+           "threads": args.threads, "repeats": args.repeats, "rows": rows}
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

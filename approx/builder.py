@@ -14,6 +14,7 @@ ladder included, start from that NN, the reference still their teacher.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,9 +72,9 @@ def build(
         if meta is not None and store.entry("float", meta["float_key"]) is not None:  # both intact: else rebuilt
             return _load(store, folder, meta, nn_, knobs, onnx)
         start = time.perf_counter()
-        ctx = _context(nn_, knobs, recipe, store, device, onnx, progress)
-        float_key, model = _float_model(nn_, knobs, recipe, store, ctx,
-                                        lambda start: _context(nn_, knobs, recipe, store, device, onnx, progress, start))
+        context = functools.partial(_context, nn_, knobs, recipe, store, device, onnx, progress)
+        float_key, model = _float_model(nn_, knobs, recipe, store, context)
+        ctx = context(nn_)
         d = nn_.data
         with store.writing("candidates", key) as tmp:
             runnable = Runnable(copy.deepcopy(model))
@@ -131,10 +132,9 @@ def _load(store: Store, folder: Path, meta: dict, nn_: TargetNN, knobs: Knobs, o
 
 
 def _context(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, device: str,
-             onnx: OnnxToolchain | None, progress: Progress, start: TargetNN | None = None) -> BuildContext:
-    """What the float passes build with: ``start`` (default ``nn_``) is the NN they start from, ladders included;
-    ``nn_``'s outputs teach them."""
-    start = start or nn_
+             onnx: OnnxToolchain | None, progress: Progress, start: TargetNN) -> BuildContext:
+    """What the passes build with: ``start`` is the NN the float passes start from (``nn_``, or what a shared pass
+    made of it), ladders included; ``nn_``'s outputs teach them."""
     teacher = lambda: teacher_outputs(nn_, store, device)  # noqa: E731
     distiller = Distiller(nn_.data.x_train, nn_.data.y_train, teacher, recipe, knobs.seed, device)
     phases = sum(p.damage_phases(knobs) for p in passes("float"))
@@ -165,18 +165,19 @@ def _shared_start(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: St
     return TargetNN(nn_.name, model, nn_.data, nn_.input_shape, nn_.metric, architecture=key)
 
 
-def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store, ctx: BuildContext,
-                 starting: Callable[[TargetNN], BuildContext]) -> tuple[str, nn.Module]:
-    """The fp32 module the float passes make (cached apart from the export stage); ``starting(start)`` is the
-    context of passes that start from ``start``, an NN a shared pass made of ``nn_``."""
+def _float_model(nn_: TargetNN, knobs: Knobs, recipe: FinetuneRecipe, store: Store,
+                 context: Callable[[TargetNN], BuildContext]) -> tuple[str, nn.Module]:
+    """The fp32 module the float passes make (cached apart from the export stage); ``context(start)`` is what
+    passes that start from ``start`` (``nn_``, or what a shared pass made of it) build with."""
     key = content_hash("approx.float", FORMAT, nn_.fingerprint, knobs.float_part(), recipe.as_dict())
     with store.lock(key):
         folder = store.entry("float", key)
         if folder is not None:
             return key, store.load_module(folder)
+        ctx = context(nn_)
         start = _shared_start(nn_, knobs, recipe, store, ctx)
         if start is not nn_:
-            ctx = starting(start)
+            ctx = context(start)
         torch.manual_seed(knobs.seed)
         model = copy.deepcopy(start.model).float().eval()
         float_passes = [p for p in passes("float") if not p.shared(knobs)]

@@ -683,6 +683,16 @@ class MergeSpec(Section):
         "a submodule of the lead NN (its attribute path, e.g. backbone) kept as trained: its outputs on the training "
         "frames are computed once and only what reads them distils, several times faster per step; unset: the "
         "whole merged NN distils end to end"))
+    end_to_end_steps: Count(1_000_000, "steps", "distilling that long would take days") = Field(0, description=(
+        "with freeze: after the frozen distillation, this many steps distil the whole merged NN end to end, so the "
+        "backbone adapts to every head; 0: the frozen part stays as the lead trained it"))
+
+    @model_validator(mode="after")
+    def _end_to_end_needs_freeze(self) -> MergeSpec:
+        if self.end_to_end_steps and self.freeze is None:
+            raise ValueError("end_to_end_steps follows a frozen distillation; without freeze the finetune_steps "
+                             "already distil end to end: set freeze (e.g. backbone) or drop end_to_end_steps")
+        return self
 
 
 class SearchSpec(Section):

@@ -151,6 +151,15 @@ class MergePlan:
     finetune_steps: int
     freeze: str | None = None
     """The lead's submodule kept as trained while the merged NN distils (``search.merge[].freeze``)."""
+    end_to_end_steps: int = 0
+    """Steps of the whole merged NN after the frozen ones (``search.merge[].end_to_end_steps``, the profile's cap)."""
+
+    @classmethod
+    def of(cls, group, profile: Profile) -> MergePlan:
+        """The plan of a spec's ``search.merge`` entry under ``profile``'s cap on end-to-end steps."""
+        cap = profile.max_merge_end_to_end_steps
+        steps = group.end_to_end_steps if cap is None else min(group.end_to_end_steps, cap)
+        return cls(tuple(group.nns), group.finetune_steps, group.freeze, steps)
 
     @property
     def param(self) -> str:
@@ -270,7 +279,7 @@ def build_plan(
         train_device=(device := training_device(spec.training, say)),
         finetune=finetune_recipe(spec.training, device, say),
         knob_spaces={name: KnobSpace.from_section(spec.knobs_for(name), limits, nn=name) for name in spec.nns},
-        merge_groups=tuple(MergePlan(tuple(g.nns), g.finetune_steps, g.freeze) for g in spec.search.merge),
+        merge_groups=tuple(MergePlan.of(g, prof) for g in spec.search.merge),
         closed_loop=ClosedLoopPlan(
             every=0 if prof.closed_loop_checks == 0 else checks.every,
             per_round=checks.configurations,

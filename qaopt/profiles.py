@@ -21,6 +21,8 @@ class Profile(BaseModel):
     max_finetune_steps: int | None = Field(None, ge=0, description="cap on each candidate's fine-tuning steps")
     max_adapt_steps: int | None = Field(None, ge=0, description=(
         "cap on the steps that adapt an NN to an input scale once, shared by the candidates at it (resolution.adapt_steps)"))
+    max_merge_end_to_end_steps: int | None = Field(None, ge=0, description=(
+        "cap on the end-to-end steps after a merged NN's frozen distillation (search.merge[].end_to_end_steps)"))
     max_prune_steps: int | None = Field(None, ge=1, description="cap on iterative pruning steps")
     tuning_trials: int | None = Field(None, ge=0, description="kernel-tuning trials per candidate")
     validation_runs: int = Field(50, ge=1, description="closed-loop runs per validated configuration")
@@ -48,6 +50,7 @@ PROFILES: dict[str, Profile] = {
         calibration_budget=12,
         max_finetune_steps=160,
         max_adapt_steps=160,
+        max_merge_end_to_end_steps=0,
         max_prune_steps=1,
         tuning_trials=0,
         validation_runs=6,

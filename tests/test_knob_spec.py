@@ -131,12 +131,30 @@ def test_a_freeze_that_is_no_attribute_path_is_refused_at_its_line(tmp_path, cap
     assert line_of(path, error).strip() == "freeze: features[0]"
 
 
+def test_end_to_end_steps_without_freeze_are_refused_at_their_group(tmp_path, capsys):
+    path = tiny_spec(tmp_path, lambda d: (_reading()(d), d["search"]["merge"][0].update(end_to_end_steps=500)))
+    error = one_error(capsys, path, "validate", "--no-imports")
+    assert ": search.merge.0: " in error and "set freeze (e.g. backbone) or drop end_to_end_steps" in error
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_the_examples_merge_their_nns_on_one_input_and_search_resolution(name):
     spec = load(REPO / "examples" / name)
     assert [sorted(g.nns) for g in spec.search.merge] == [sorted(spec.nns)]
     assert {nn.input for nn in spec.nns.values()} == {"camera"}
     assert 1.0 in spec.knobs_for(next(iter(spec.nns)))["resolution"]["scales"]
+
+
+def test_the_quick_profile_keeps_a_merged_nn_as_its_frozen_distillation_left_it():
+    """End-to-end steps cost CropFollow minutes once per cache; the quick profile (the README's first run) skips them
+    and the default one keeps the spec's."""
+    from qaopt.plan import MergePlan
+    from qaopt.profiles import get_profile
+
+    group = load(REPO / "examples" / "cropfollow.yaml").search.merge[0]
+    assert group.end_to_end_steps == 1000
+    assert MergePlan.of(group, get_profile("quick")).end_to_end_steps == 0
+    assert MergePlan.of(group, get_profile("default")).end_to_end_steps == 1000
 
 
 def test_validate_says_so_when_loading_the_nns_is_slow_and_keeps_quiet_otherwise(tmp_path, capsys, monkeypatch):

@@ -152,6 +152,29 @@ def test_a_frozen_backbone_stays_the_leads_and_the_new_head_learns_on_its_featur
     assert views["distance"].error < 0.5 * np.abs(ratio - ratio.mean()).mean()
 
 
+def test_end_to_end_steps_after_a_frozen_distillation_adapt_the_backbone_and_key_the_nn_apart(pair, tmp_path):
+    """End-to-end steps continue from the frozen distillation: the head it learned is where they start (the same
+    seeded frozen phase), the backbone leaves the lead's weights, and the NN is keyed apart from the frozen one,
+    whose key stays what it was."""
+    from qaopt.approx.merge import merged_target
+
+    frozen = merged_target(MergeGroup(pair, finetune_steps=40, freeze="backbone"), cache_dir=tmp_path, recipe=FAST)
+    polished = merged_target(MergeGroup(pair, finetune_steps=40, freeze="backbone", end_to_end_steps=20),
+                             cache_dir=tmp_path, recipe=FAST)
+    assert polished.architecture != frozen.architecture
+    lead, kept = pair[0].model.backbone.state_dict(), polished.model.model.backbone.state_dict()
+    assert any(not torch.equal(kept[k], lead[k]) for k in kept if kept[k].is_floating_point())
+    again = merged_target(MergeGroup(pair, finetune_steps=40, freeze="backbone"), cache_dir=tmp_path, recipe=FAST)
+    assert again.architecture == frozen.architecture
+
+
+def test_end_to_end_steps_without_a_frozen_part_are_refused(pair):
+    from qaopt.approx import ApproxError
+
+    with pytest.raises(ApproxError, match="without freeze every step is end to end"):
+        MergeGroup(pair, finetune_steps=40, end_to_end_steps=20)
+
+
 def test_a_frozen_backbones_distillation_needs_no_batch_converted_only_its_rows(pair, tmp_path, monkeypatch):
     """Each step replays the frozen part's outputs for the batch's rows, so the frames the student reads before it
     are one stand-in batch converted once: the merged NN comes out bit for bit the one trained on each batch's own

@@ -1,14 +1,15 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
-        [--seed-base 5000000] [--references] [--freeze spec] [--precision auto] [--device auto] [--order NN ...] [--workers 2]
+        [--seed-base 5000000] [--references] [--freeze spec] [--end-to-end spec] [--precision auto] [--device auto] [--order NN ...] [--workers 2]
         [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
 the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
 fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is), ``--freeze`` kept as the lead trained
-it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end), trained in ``--precision``
+it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end) and then ``--end-to-end`` steps
+of the whole merged NN (``spec``: the group's ``end_to_end_steps``), trained in ``--precision``
 (``auto``: what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision,
 so give a cache that does not hold that merged NN yet) on ``--device`` (``auto``: where ``qaopt optimize`` trains,
 ``training.device``, so a GPU distils the ResNet-18 spec's merge), with its members in ``--order`` (default the
@@ -51,9 +52,9 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
 
 
 def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, device: str,
-                freeze: str | None):
+                freeze: str | None, end_to_end: int = 0):
     """The spec's first merge group as ``qaopt optimize`` builds it, its members in ``order`` (default the spec's),
-    distilled ``steps`` with ``freeze`` frozen; its lead's plain int8 knobs (the informed cheapest trial's); and each
+    distilled ``steps`` with ``freeze`` frozen, then ``end_to_end`` steps whole; its lead's plain int8 knobs (the informed cheapest trial's); and each
     member's reference candidate (fp32, nothing approximated), built or read from ``cache``."""
     from qaopt import kernels
     from qaopt.approx import KnobSpace, build
@@ -64,7 +65,7 @@ def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, 
     # The members as qaopt optimize builds them: with on-policy error data (LaneKeep) their data, and so the merged
     # NN's cache key and distillation seed, are the recordings', not the dataset's.
     nns = target_nns(spec, Path(cache), order)
-    group = MergeGroup(tuple(nns[n] for n in order), steps, freeze)
+    group = MergeGroup(tuple(nns[n] for n in order), steps, freeze, end_to_end)
     lead = group.lead().name
     base = KnobSpace.from_section(spec.knobs_for(lead), nn=lead).base(dtype="int8")
     references = {n: build(t, base.model_copy(update={"dtype": "fp32"}), cache_dir=cache, recipe=recipe,
@@ -79,7 +80,8 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     from qaopt.spec_adapter import acceptance_of, cache_dir_of, goal_of
 
     cache = args.cache_dir or cache_dir_of(spec)
-    group, base, references = merge_group(spec, cache, steps, args.order, recipe, args.device, args.freeze)
+    group, base, references = merge_group(spec, cache, steps, args.order, recipe, args.device, args.freeze,
+                                          args.end_to_end)
     lead = group.lead().name
     reference = {n: c.error for n, c in references.items()}
     knobs = base.model_copy(update={"input_scale": args.scale, "finetune_steps": args.adapt})
@@ -98,7 +100,7 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     records = [r for f in blocks for r in f.result()]
     goal, test = goal_of(spec), acceptance_of(spec)
     failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]
-    row = {"steps": steps, "lead": lead, "freeze": args.freeze, "command": " ".join(["python", *sys.argv]),
+    row = {"steps": steps, "lead": lead, "freeze": args.freeze, "end_to_end_steps": args.end_to_end, "command": " ".join(["python", *sys.argv]),
            "knobs": ({"dtype": "fp32", "input_scale": 1.0, "finetune_steps": 0} if args.references else
                      {"dtype": "int8", "input_scale": args.scale, "finetune_steps": args.adapt}),
            "merged": not args.references,
@@ -120,6 +122,7 @@ def variant(steps: int, args: argparse.Namespace, precision: str) -> str:
     name = f"{steps}" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}"
     name += f"-{'+'.join(args.order)}" if args.order else ""
     name += f"-frozen-{args.freeze}" if args.freeze else ""
+    name += f"-e2e{args.end_to_end}" if args.end_to_end else ""
     name += f"-seeds{args.seed_base}x{args.runs}" if args.seed_base != VALIDATION_SEED_BASE else ""
     return f"{name}.json" if precision == "fp32" else f"{name}-{precision}.json"
 
@@ -141,6 +144,8 @@ def main() -> None:
                     help="the merge group's members in this order (default: the spec's search.merge[0].nns)")
     ap.add_argument("--freeze", default="spec", help="the lead's submodule kept as trained while the merged NN "
                     "distils (spec: search.merge[0].freeze; none: end to end)")
+    ap.add_argument("--end-to-end", default="spec", help="steps of the whole merged NN after a frozen distillation "
+                    "(spec: search.merge[0].end_to_end_steps)")
     ap.add_argument("--references", action="store_true",
                     help="run the reference NNs (fp32, apart) instead of a merged NN, on the same seeds")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
@@ -164,6 +169,9 @@ def main() -> None:
     if args.device == "auto":
         args.device = training_device(spec.training)
     args.freeze = {"spec": spec.search.merge[0].freeze, "none": None}.get(args.freeze, args.freeze)
+    args.end_to_end = spec.search.merge[0].end_to_end_steps if args.end_to_end == "spec" else int(args.end_to_end)
+    if args.end_to_end and args.freeze is None:
+        sys.exit(f"--end-to-end {args.end_to_end}: end-to-end steps follow a frozen distillation; give --freeze too")
     recipe = finetune_recipe(spec.training.model_copy(update={"precision": args.precision}), args.device)
     done = (args.cache_dir or cache_dir_of(spec)) / "merge_distillation"
     done.mkdir(parents=True, exist_ok=True)

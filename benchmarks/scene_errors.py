@@ -53,7 +53,8 @@ def main() -> None:
         sys.exit(f"{args.spec}: search.merge: the spec has no merge group")
     cache, merge = cache_dir_of(spec), spec.search.merge[0]
     recipe = finetune_recipe(spec.training, "cpu")
-    group, base, reference = merge_group(spec, cache, args.steps or merge.finetune_steps, None, recipe, "cpu")
+    group, base, reference = merge_group(spec, cache, args.steps or merge.finetune_steps, None, recipe, "cpu",
+                                         merge.freeze, merge.end_to_end_steps)
     merged = build_merged(group, base, cache_dir=cache, recipe=recipe, onnx=kernels.onnx,
                           progress=lambda message: print(f"  {message}", flush=True))
     evaluator, goal = make_evaluator(spec), goal_of(spec)

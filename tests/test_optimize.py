@@ -619,6 +619,50 @@ def test_a_quick_validation_stops_at_the_fastest_unrefuted_configuration(tiny_ru
     assert validated == [1, 2] and front.chosen.trial == 1
 
 
+def test_a_configuration_a_failure_put_outside_is_validated_once_the_region_holds_it_again(tiny_run, monkeypatch,
+                                                                                            tmp_path):
+    """The region is refitted after each validation and is not monotone in the runs: trial 2, outside it after
+    trial 1 failed once, is back inside after trial 3 failed, and is validated then (it used to be passed for good,
+    and the run ended on the reference)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.result import Validation
+    from qaopt.stages.region import ClosedLoopEvidence
+
+    spec_path, result = tiny_run
+    inside = [p.errors for p in ErrorRegion.load(result.region).labelled() if p.valid][0]
+    configs = [result.reference.model_copy(update={
+        "trial": t, "errors": {k: v + t * 1e-6 for k, v in inside.items()}, "latency_ms": float(t),
+        "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-{t}"}) for n, c in result.reference.nns.items()}})
+        for t in (1, 2, 3)]
+    validated = []
+
+    def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, **_):
+        validated.append(trial)
+        fails = 0 if trial == 2 else 1  # 1 of the runs: undecided, and evidence against the point
+        return Validation(trial=trial, runs=runs, passes=runs - fails, failures=fails,
+                          verdict="undecided" if fails else "valid", accepted=not fails,
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0,
+                          failed_seeds=[5_000_027] if fails else [])
+
+    class Refitted:  # the region after n closed-loop runs: only the first failure puts trial 2 outside
+        def __init__(self, n: int):
+            self.n = n
+
+        def contains(self, errors) -> bool:
+            return not (self.n == 1 and errors == configs[1].errors)
+
+    ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
+    ctx = type(ctx)(dataclasses.replace(ctx.plan, validation_runs=50, validate_top=3), {}, None)
+    calibrated = SimpleNamespace(application=ctx.plan.application.key,
+                                 searched=lambda evidence: Refitted(len(evidence.runs)))
+    front = validation_stage.validate_front(ctx, configs, calibrated, ClosedLoopEvidence(), result.reference)
+    assert validated == [1, 3, 2] and front.chosen.trial == 2
+    assert [run.errors for run in front.evidence.runs] == [configs[0].errors, configs[2].errors]
+
+
 def test_the_same_nns_in_another_schedule_are_not_validated_again_nor_counted(tiny_run, monkeypatch, tmp_path):
     """The closed loop does not see the schedule: a configuration whose NNs already ran in this pass has their
     verdict, and the profile's validation slots go to configurations with other NNs."""

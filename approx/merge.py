@@ -123,7 +123,7 @@ class MergeGroup:
     end_to_end_steps: int = 0
     """With ``freeze``: distillation steps of the whole merged NN after the frozen ones, so that the backbone adapts
     to every head (CropFollow's merged int8 NN failed 1 of 56 unseen closed-loop runs as frozen-distilled, 0 of 56
-    after 1000 more steps end to end: docs/knobs.md, "A frozen backbone")."""
+    after 1000 more steps end to end: docs/knobs.md, "End-to-end steps after the frozen ones")."""
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.members]
@@ -177,10 +177,10 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
     lead = group.lead()
     columns = group.columns()
     # NNs built without a frozen part, or without end-to-end steps after it, keep the keys they had
-    frozen = [{"freeze": group.freeze}] if group.freeze else []
-    frozen += [{"end_to_end_steps": group.end_to_end_steps}] if group.end_to_end_steps else []
+    phases = [{"freeze": group.freeze}] if group.freeze else []
+    phases += [{"end_to_end_steps": group.end_to_end_steps}] if group.end_to_end_steps else []
     key = content_hash("approx.merged", FORMAT, [m.fingerprint for m in group.members], lead.name,
-                       group.finetune_steps, recipe.as_dict(), *frozen)
+                       group.finetune_steps, recipe.as_dict(), *phases)
     d = lead.data
     y_train = np.concatenate([_reference_outputs(m, lead, "train", store, device) for m in group.members], axis=1)
     y_val = np.concatenate([np.asarray(d.y_val) if m is lead else _reference_outputs(m, lead, "val", store, device)

@@ -1,7 +1,8 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
-        [--seed-base 5000000] [--references] [--freeze spec] [--end-to-end spec] [--precision auto] [--device auto] [--order NN ...] [--workers 2]
+        [--seed-base 5000000] [--references] [--freeze spec] [--end-to-end spec] [--precision auto] [--device auto]
+        [--order NN ...] [--workers 2]
         [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
@@ -54,8 +55,9 @@ def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
 def merge_group(spec, cache: Path, steps: int, order: list[str] | None, recipe, device: str,
                 freeze: str | None, end_to_end: int = 0):
     """The spec's first merge group as ``qaopt optimize`` builds it, its members in ``order`` (default the spec's),
-    distilled ``steps`` with ``freeze`` frozen, then ``end_to_end`` steps whole; its lead's plain int8 knobs (the informed cheapest trial's); and each
-    member's reference candidate (fp32, nothing approximated), built or read from ``cache``."""
+    distilled ``steps`` with ``freeze`` frozen, then ``end_to_end`` steps whole; its lead's plain int8 knobs (the
+    informed cheapest trial's); and each member's reference candidate (fp32, nothing approximated), built or read
+    from ``cache``."""
     from qaopt import kernels
     from qaopt.approx import KnobSpace, build
     from qaopt.approx.merge import MergeGroup
@@ -100,7 +102,8 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     records = [r for f in blocks for r in f.result()]
     goal, test = goal_of(spec), acceptance_of(spec)
     failed = [i for i, r in enumerate(records) if not goal.passes(r[goal.metric])]
-    row = {"steps": steps, "lead": lead, "freeze": args.freeze, "end_to_end_steps": args.end_to_end, "command": " ".join(["python", *sys.argv]),
+    row = {"steps": steps, "lead": lead, "freeze": args.freeze, "end_to_end_steps": args.end_to_end,
+           "command": " ".join(["python", *sys.argv]),
            "knobs": ({"dtype": "fp32", "input_scale": 1.0, "finetune_steps": 0} if args.references else
                      {"dtype": "int8", "input_scale": args.scale, "finetune_steps": args.adapt}),
            "merged": not args.references,

@@ -76,7 +76,7 @@ def validate_front(
     """Validate the fastest configurations of the aware front; the first accepted one wins.
 
     Each step validates the fastest configuration not yet validated that the region, with every closed-loop run so
-    far, holds (:func:`_fastest_inside`): one that a failure ruled out is passed over only while the region rules it out.
+    far, holds (:func:`_fastest_inside`): one a failure ruled out is passed over only while the region rules it out.
 
     Each configuration is re-checked first (:meth:`SearchContext.rechecked`): NNs rebuilt into other bytes than
     the search measured are validated with their own errors, or skipped when those leave the region.

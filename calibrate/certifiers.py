@@ -6,8 +6,9 @@ and the set it certifies at the spec's confidence (the ``certified`` mode). The
 built-ins:
 
 - ``pooled`` (the default): one monotone model of the failure probability fitted to
-  every run at every point (:class:`~qaopt.calibrate.pooled.PooledCertifier`), with a
-  confidence that holds for the region as a whole;
+  every injected run at every point (:class:`~qaopt.calibrate.pooled.PooledCertifier`),
+  with a confidence that holds for the region as a whole; the field's decided verdicts
+  overrule it by monotonicity;
 - ``per-point``: what is dominated by a point its own runs accepted (and dominates no
   rejected one), ApproxCaliper's rule; its P(valid) is a monotone classifier
   (:class:`~qaopt.calibrate.classifier.MonotoneProbability`).
@@ -76,8 +77,9 @@ class Pooled:
     def model(self, region: ErrorRegion) -> PooledCertifier:
         X, n, k = region.runs()
         if not len(X):
-            raise CalibrationError("the region has no runs yet; it cannot judge any point")
-        return PooledCertifier(X, n, k, region.acceptance.max_failure_rate, region.acceptance.confidence)
+            raise CalibrationError("the region has no simulator runs yet; it cannot judge any point")
+        return PooledCertifier(X, n, k, region.acceptance.max_failure_rate, region.acceptance.confidence,
+                               region.field_verdicts())
 
     def certified(self, region: ErrorRegion, U: np.ndarray) -> np.ndarray:
         return region.model.certified(U)

@@ -244,11 +244,19 @@ class PooledCertifier:
     ``SUPPORT_FACTOR`` times the goal, and everything certified is dominated by an
     evaluated point whose rate is at most that (interpolation between runs, never
     extrapolation beyond them).
+
+    Verdicts from outside the model (``field``: points, and whether each was decided
+    valid) win over it, by monotonicity: a point below one decided valid is certified,
+    and a point above one decided invalid is not, whatever the fit says (the invalid
+    side wins where both apply).
     """
 
     def __init__(self, U: np.ndarray, runs: np.ndarray, failures: np.ndarray,
-                 max_failure_rate: float, confidence: float):
+                 max_failure_rate: float, confidence: float,
+                 field: tuple[np.ndarray, np.ndarray] | None = None):
         U = np.atleast_2d(np.asarray(U, dtype=float))
+        points, valid = field if field is not None else (np.zeros((0, U.shape[1])), np.zeros(0, bool))
+        self.vouched, self.vetoed = points[valid], points[~valid]
         runs, failures = np.asarray(runs, dtype=float), np.asarray(failures, dtype=float)
         self.max_failure_rate, self.confidence = max_failure_rate, confidence
         self.fit = fit_pooled(U, runs, failures)
@@ -260,9 +268,7 @@ class PooledCertifier:
         self.threshold = self._joint_threshold(Q)
 
     def _guard(self, U: np.ndarray) -> np.ndarray:
-        below = (U[:, None, :] <= self.support[None] + 1e-12).all(2).any(1) if len(self.support) else np.zeros(len(U), bool)
-        above = (U[:, None, :] >= self.refuted[None] - 1e-12).all(2).any(1) if len(self.refuted) else np.zeros(len(U), bool)
-        return below & ~above
+        return _below_any(U, self.support) & ~_above_any(U, self.refuted)
 
     def _joint_threshold(self, Q: np.ndarray) -> float:
         if not len(Q):
@@ -284,9 +290,27 @@ class PooledCertifier:
         return hi
 
     def predict_proba(self, U: np.ndarray) -> np.ndarray:
-        """Posterior probability that each point's failure rate is within the goal."""
-        return self.fit.proba(np.atleast_2d(np.asarray(U, dtype=float)), self.max_failure_rate)
+        """Posterior probability that each point's failure rate is within the goal; 1 or 0 where a verdict from
+        outside the model decides it."""
+        U = np.atleast_2d(np.asarray(U, dtype=float))
+        p = self.fit.proba(U, self.max_failure_rate)
+        return np.where(_above_any(U, self.vetoed), 0.0, np.where(_below_any(U, self.vouched), 1.0, p))
 
     def certified(self, U: np.ndarray) -> np.ndarray:
         U = np.atleast_2d(np.asarray(U, dtype=float))
-        return (self.predict_proba(U) >= self.threshold) & self._guard(U)
+        fitted = (self.fit.proba(U, self.max_failure_rate) >= self.threshold) & self._guard(U)
+        return (fitted | _below_any(U, self.vouched)) & ~_above_any(U, self.vetoed)
+
+
+def _below_any(U: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Which rows of ``U`` are dominated by (at most, on every axis) some row of ``points``."""
+    if not len(points):
+        return np.zeros(len(U), bool)
+    return (U[:, None, :] <= points[None] + 1e-12).all(2).any(1)
+
+
+def _above_any(U: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Which rows of ``U`` dominate (are at least, on every axis) some row of ``points``."""
+    if not len(points):
+        return np.zeros(len(U), bool)
+    return (U[:, None, :] >= points[None] - 1e-12).all(2).any(1)

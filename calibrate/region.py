@@ -21,7 +21,10 @@ simulator's observations. Where the two disagree the field wins: a field verdict
 at a point replaces the simulator's there, and by monotonicity also overturns
 simulator verdicts it contradicts (a field failure at q makes every simulator-valid
 point above q invalid; a field success at q makes every simulator-invalid point
-below q valid). Field runs are judged by one fixed-sample Clopper-Pearson test.
+below q valid). Field runs are judged by one fixed-sample Clopper-Pearson test, with
+either certifier: the ``pooled`` model is fitted to the injected runs alone and the
+field's decided verdicts act on it the same way, while a point the field's runs leave
+undecided changes nothing (:meth:`ErrorRegion.runs`).
 """
 
 from __future__ import annotations
@@ -168,10 +171,7 @@ class ErrorRegion:
             sim = [o for o in obs if o.source == SIMULATOR and o.verdict is not Verdict.FAILED]
             fld = [o for o in obs if o.source != SIMULATOR]
             s = None if not sim else sim[-1].verdict is Verdict.VALID
-            f = None
-            if fld:
-                v = self.acceptance.decide_fixed(sum(o.failures for o in fld), sum(o.trials for o in fld))
-                f = None if v is Verdict.UNDECIDED else v is Verdict.VALID
+            f = self._field_verdict(fld)
             if s is None and f is None:
                 continue
             points.append((np.array(key), obs))
@@ -198,6 +198,29 @@ class ErrorRegion:
         ]
         return self._labelled
 
+    def _field_verdict(self, observations: Sequence[Observation]) -> bool | None:
+        """The fixed-sample verdict of one point's runs from outside the simulator (valid or not), pooled over
+        sources; ``None`` when there are none or they decide nothing."""
+        if not observations:
+            return None
+        v = self.acceptance.decide_fixed(sum(o.failures for o in observations), sum(o.trials for o in observations))
+        return None if v is Verdict.UNDECIDED else v is Verdict.VALID
+
+    def field_verdicts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each point that evidence from outside the simulator decides (unit-cube rows), and its verdict (valid or not).
+
+        What the ``pooled`` certifier takes from that evidence: a verdict at its point, carried by monotonicity,
+        never its runs in the fitted model (see :meth:`runs`).
+        """
+        groups: dict[tuple, list[Observation]] = {}
+        for ob in self.observations:
+            if ob.source != SIMULATOR:
+                groups.setdefault(tuple(np.round(self.space.to_unit(ob.errors), 9)), []).append(ob)
+        decided = [(self.space.to_unit(obs[0].errors), v) for obs in groups.values()
+                   if (v := self._field_verdict(obs)) is not None]
+        U = np.array([u for u, _ in decided]).reshape(-1, self.space.dim)
+        return U, np.array([v for _, v in decided], dtype=bool)
+
     def unit_labels(self) -> tuple[np.ndarray, np.ndarray]:
         """Every labelled point in the unit cube (rows) and its label (valid or not): what monotonicity works on."""
         pts = self.labelled()
@@ -208,10 +231,17 @@ class ErrorRegion:
         return Dominance.from_labels(*self.unit_labels())
 
     def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every distinct point (unit cube) with all its runs pooled: simulator and field, failed evaluations left out."""
+        """Every distinct point (unit cube) the simulator evaluated, with its runs pooled (failed evaluations left out).
+
+        Only injected runs: at those the error vector is exactly the point's, by construction. A real NN run in
+        the field or the closed loop errs in its own way (a bias, errors correlated over frames, one scene it
+        fails), so its runs are a verdict about its point (:meth:`field_verdicts`), not data for a model of the
+        failure rate over the space. Pooled with the injected runs, a few such failures at small errors once
+        left CropFollow's refitted region holding not even the reference NNs' point (docs/calibration.md).
+        """
         pooled: dict[tuple, list] = {}
         for ob in self.observations:
-            if ob.verdict is Verdict.FAILED or ob.trials == 0:
+            if ob.source != SIMULATOR or ob.verdict is Verdict.FAILED or ob.trials == 0:
                 continue
             u = self.space.to_unit(ob.errors)
             entry = pooled.setdefault(tuple(np.round(u, 9)), [u, 0, 0])

@@ -4,16 +4,30 @@ Every layer of a convolutional NN does work in proportion to the pixels it sees,
 halving each side of the input cuts the work of every layer by four without
 narrowing any of them; channel pruning stops paying where small layers hit a
 per-layer overhead floor, and resolution keeps paying there. The resize is the
-first operation of the candidate's graph (bilinear, exported as ONNX ``Resize``),
-so the latency measured for the candidate includes it and the exported artifact
-takes the application's full-size frame.
+first operation of the candidate's graph, so the latency measured for the candidate
+includes it and the exported artifact takes the application's full-size frame.
+
+The resize is bilinear (half-pixel centres, no antialiasing: ``F.interpolate``'s). Where
+each side shrinks by a ratio ``a/b`` of small blocks (:func:`block_ratio`: 0.75 = 3/4, 0.5 = 1/2,
+0.375 = 3/8 of CropFollow's 240x320 frame), it is computed exactly as a strided grouped
+convolution and a depth-to-space (:class:`BlockResize`), which backends run as ordinary
+layers: OpenVINO's ``Interpolate`` of that frame took 0.28 ms at 0.75, about half of a
+merged int8 NN's frame, where the convolution takes a fraction of it
+(docs/BENCHMARKS.md). Other ratios use ``F.interpolate`` (ONNX ``Resize``).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+MAX_BLOCK, MAX_OUTPUT_BLOCK = 8, 3
+"""The largest block, in input and in output pixels per side, that :class:`BlockResize` computes at once. The
+convolution does ``a_h * a_w`` multiply-adds per input pixel and channel, so a ratio of more output pixels (7/8)
+or of larger blocks (240 to 176 is 11/15) is resized by ``F.interpolate`` instead."""
 
 
 def scaled_size(input_shape: tuple[int, ...], scale: float, align: int) -> tuple[int, int]:
@@ -23,15 +37,77 @@ def scaled_size(input_shape: tuple[int, ...], scale: float, align: int) -> tuple
     return tuple(max(align, round(side * scale / align) * align) for side in (h, w))  # type: ignore[return-value]
 
 
-class InputResize(nn.Module):
-    """``model`` fed a bilinear resize of its input to ``size`` (H, W)."""
+def block_ratio(side: int, size: int) -> tuple[int, int] | None:
+    """``(a, b)``: every ``b`` input pixels of a side of length ``side`` give ``a`` output pixels at length ``size``;
+    ``None`` when that needs blocks larger than :data:`MAX_BLOCK` or :data:`MAX_OUTPUT_BLOCK`, or the resize
+    enlarges."""
+    g = math.gcd(side, size)
+    a, b = size // g, side // g
+    return (a, b) if a <= min(b, MAX_OUTPUT_BLOCK) and b <= MAX_BLOCK else None
 
-    def __init__(self, model: nn.Module, size: tuple[int, int]):
+
+def bilinear_block(a: int, b: int) -> torch.Tensor:
+    """The ``(a, b)`` weights of bilinear downsizing (half-pixel centres) from ``b`` pixels to ``a``.
+
+    Output pixel ``i`` samples the input at ``(i + 0.5) * b / a - 0.5``, which lies in ``[0, b - 1]`` for ``a <= b``:
+    each block of ``b`` input pixels alone gives its ``a`` output pixels, with the same weights for every block.
+    """
+    w = torch.zeros(a, b, dtype=torch.float64)
+    for i in range(a):
+        src = (i + 0.5) * b / a - 0.5
+        lo = math.floor(src)
+        frac = src - lo
+        w[i, lo] += 1.0 - frac
+        if frac > 0:
+            w[i, lo + 1] += frac
+    return w
+
+
+class BlockResize(nn.Module):
+    """Bilinear downsizing of (N, C, H, W) to ``size`` as a strided grouped convolution and a depth-to-space.
+
+    Each channel's ``b_h x b_w`` input blocks give ``a_h x a_w`` output pixels through fixed weights (the outer
+    product of :func:`bilinear_block` per side): ``F.interpolate``'s function, computed from exact sampling
+    positions (``F.interpolate`` rounds them to float32: outputs differ by about 1e-5 of the input's range). The
+    weights are a buffer, never trained, and left out of the state dict.
+    """
+
+    def __init__(self, channels: int, input_hw: tuple[int, int], size: tuple[int, int]):
+        super().__init__()
+        (ah, bh), (aw, bw) = (block_ratio(side, out) for side, out in zip(input_hw, size))  # type: ignore[misc]
+        self.channels, self.size = channels, tuple(size)
+        self.a, self.b = (ah, aw), (bh, bw)
+        kernel = torch.einsum("ik,jl->ijkl", bilinear_block(ah, bh), bilinear_block(aw, bw)).reshape(ah * aw, 1, bh, bw)
+        self.register_buffer("weight", kernel.repeat(channels, 1, 1, 1).float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (ah, aw), (bh, bw) = self.a, self.b
+        y = F.conv2d(x, self.weight.to(x.dtype), stride=(bh, bw), groups=self.channels)
+        if ah * aw == 1:
+            return y
+        # Shapes as constants (the batch axis as -1): the exported graph needs no Shape/Gather ops to reshape.
+        y = y.reshape(-1, self.channels, ah, aw, self.size[0] // ah, self.size[1] // aw).permute(0, 1, 4, 2, 5, 3)
+        return y.reshape(-1, self.channels, *self.size)
+
+
+class InputResize(nn.Module):
+    """``model`` fed a bilinear resize of its input (N, C, H, W) to ``size`` (H, W).
+
+    ``input_shape`` (the full frame's) lets the resize be a :class:`BlockResize` where the ratio allows it;
+    without it, or where it does not, ``F.interpolate`` resizes (the same function, as ONNX ``Resize``).
+    """
+
+    def __init__(self, model: nn.Module, size: tuple[int, int], input_shape: tuple[int, ...] | None = None):
         super().__init__()
         self.model = model
         self.size = tuple(int(s) for s in size)
+        exact = input_shape is not None and len(input_shape) == 4 and all(
+            block_ratio(int(side), out) for side, out in zip(input_shape[-2:], self.size))
+        self.resize = BlockResize(int(input_shape[1]), tuple(input_shape[-2:]), self.size) if exact else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.resize is not None:
+            return self.model(self.resize(x))
         return self.model(F.interpolate(x, size=self.size, mode="bilinear", align_corners=False))
 
 

@@ -44,6 +44,32 @@ def test_a_resolution_candidate_resizes_inside_its_graph_and_takes_the_full_fram
     np.testing.assert_allclose(int8.predict(x), fp32.predict(x), atol=0.3 * np.abs(fp32.predict(x)).max())
 
 
+@pytest.mark.parametrize("frame, size, exact", [((240, 320), (180, 240), True), ((240, 320), (120, 160), True),
+                                               ((240, 320), (90, 120), True), ((24, 32), (18, 32), True),
+                                               ((240, 320), (176, 240), False)])
+def test_a_block_resize_is_bilinear_interpolation_in_ordinary_layers(frame, size, exact, tmp_path):
+    """Ratios of at most 8 pixels a block (3/4, 1/2, 3/8) resize as a strided grouped convolution, the same function
+    as ``F.interpolate`` (which rounds its sampling positions to float32), exported without ONNX ``Resize``; 240 to
+    176 (11/15) falls back to it."""
+    import onnx
+
+    shape = (2, 3, *frame)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, 2, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+    resized = InputResize(net, size, shape).eval()
+    assert (resized.resize is not None) == exact
+    x = torch.rand(shape)
+    interpolated = torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    with torch.no_grad():
+        inner = resized.resize(x) if exact else interpolated
+        np.testing.assert_allclose(inner.numpy(), interpolated.numpy(), atol=5e-5)
+        out = resized(x).numpy()
+    path = onnx_toolchain.export_onnx(resized, [torch.zeros(shape)], tmp_path / "resized.onnx")
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert ("Resize" in ops) != exact and (("Conv" in ops) if exact else True)
+    session = onnx_toolchain.ort_session(path)
+    np.testing.assert_allclose(session.run(None, {"input": x.numpy()})[0], out, atol=1e-5)
+
+
 def test_a_scale_adapted_once_is_shared_by_every_candidate_at_it(pair, tmp_path, monkeypatch):
     """With ``input_adapt_steps`` the NN is adapted to its scale once: the int8 candidate and a pruned one at that
     scale start from the stored adaptation (no second adaptation run), the unpruned one is that NN exactly, and the
@@ -68,7 +94,7 @@ def test_a_scale_adapted_once_is_shared_by_every_candidate_at_it(pair, tmp_path,
     truth = heading.data.y_val
     assert fp32.error < 0.5 * np.abs(truth - truth.mean()).mean(), "adapted at the lower resolution, it still works"
     own = build(heading, Knobs(input_scale=0.5, input_align=4, finetune_steps=30), cache_dir=tmp_path)
-    assert own.key != fp32.key, "adapted by its own budget, a candidate keeps the key it always had"
+    assert own.key != fp32.key, "adapted by its own budget, a candidate is another candidate"
     assert describe(adapted)["input scale"] == "0.5, adapted 30 steps" and describe(own.knobs)["input scale"] == "0.5"
 
 

@@ -621,9 +621,9 @@ def test_a_quick_validation_stops_at_the_fastest_unrefuted_configuration(tiny_ru
 
 def test_a_configuration_a_failure_put_outside_is_validated_once_the_region_holds_it_again(tiny_run, monkeypatch,
                                                                                             tmp_path):
-    """The region is refitted after each validation and is not monotone in the runs: trial 2, outside it after
-    trial 1 failed once, is back inside after trial 3 failed, and is validated then (it used to be passed for good,
-    and the run ended on the reference)."""
+    """The region is refitted after each validation and need not be monotone in the runs (a certifier is a
+    plugin): trial 2, outside it after trial 1 failed once, is back inside after trial 3 failed, and is validated
+    then (it used to be passed for good, and the run ended on the reference)."""
     import dataclasses
     from types import SimpleNamespace
 

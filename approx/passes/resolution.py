@@ -46,6 +46,11 @@ class ResolutionConfig(PassConfig):
         return sorted(set(value), reverse=True)
 
 
+RESIZE = "block"
+"""How the candidate's graph resizes (in its cache key): ``block``, a strided convolution where the ratio allows
+(:class:`~qaopt.approx.resolution.BlockResize`); keys without it are of graphs that always used ONNX ``Resize``."""
+
+
 class ResolutionKnobs(PassKnobs):
     """``input_scale`` of each side of the input is what the NN sees (1.0: the full frame); sides are rounded to
     multiples of ``input_align``; ``input_adapt_steps`` > 0 adapts the NN to the scale once, shared by every
@@ -79,9 +84,8 @@ class ResolutionPass(ApproximationPass):
         return knobs.input_scale < 1.0
 
     def identity(self, knobs) -> dict[str, Any]:
-        # Candidates adapted by their own budget keep the keys they had before adaptation could be shared.
         values = super().identity(knobs)
-        return values if knobs.input_adapt_steps else {k: v for k, v in values.items() if k != "input_adapt_steps"}
+        return {**values, "resize": RESIZE} if values else values
 
     def shared(self, knobs) -> bool:
         return self.active(knobs) and knobs.input_adapt_steps > 0
@@ -125,7 +129,7 @@ class ResolutionPass(ApproximationPass):
         if why is not None:
             raise ApproxError(ctx.nn.name, "input_scale", f"{knobs.input_scale:g} gives {size[0]}x{size[1]}, which the "
                                                           f"architecture cannot take: {why}")
-        model = InputResize(model, size)
+        model = InputResize(model, size, shape)
         if self.shared(knobs):
             adapting = f"input resized to {size[0]}x{size[1]}: adapting {knobs.input_adapt_steps} steps"
             ctx.progress(f"{adapting} (once per scale)")

@@ -9,8 +9,8 @@ plan proposes the points with the largest expected resolved uncertainty::
     score(x) = p(x) * sum_{u <= x} H(u) + (1 - p(x)) * sum_{u >= x} H(u)
 
 over a grid ``u`` of the error space, where ``H`` is the binary entropy of ``p``.
-``p`` is the calibrated region's P(valid) (simulator and field pooled, the field
-winning), clipped to ``[doubt, 1 - doubt]``: the simulator is not the field, so
+``p`` is the calibrated region's P(valid) (the simulator's model, the field's
+decided verdicts winning), clipped to ``[doubt, 1 - doubt]``: the simulator is not the field, so
 what only the simulator certifies keeps some uncertainty, and points the field
 itself has decided keep none. The first trials thus test the edge of the
 simulator's region, where a pass certifies most of it in the field and a failure

@@ -17,9 +17,10 @@ the profile's validation runs), run by :func:`.validation.validate_configuration
 same seeds as validation's first block, the same cache (a resumed run reads it back), the
 same executor (a round's configurations run at once when it has several workers). A check
 with a failing run is recorded as validation records one (:func:`.validation.with_validation`,
-into ``closed_loop.json``) and the search's region is refolded with it, so later trials at
-points that dominate the failure are infeasible and validation never chooses it. A check
-whose runs all passed changes nothing, so the region is refitted (the pooled certifier
+into ``closed_loop.json``) and the search's region is refolded with it: where the runs at its
+point decide it invalid, later trials at points that dominate it are infeasible and
+validation never chooses it (one failure in a block decides nothing, see
+:meth:`~qaopt.calibrate.region.ErrorRegion.runs`). A check whose runs all passed changes nothing, so the region is refitted (the pooled certifier
 takes up to tens of seconds) only when a verdict can change a decision. Every check is
 also recorded in the study (:func:`qaopt.search.record_check`): workers sharing the study,
 and a run resumed after a kill, see what was checked and fold in its failures.

@@ -15,7 +15,8 @@ Two artifacts, each with one writer:
   simulator or goal are ignored rather than misapplied.
 
 The region a run searches in is a new object built from both: the calibrated region
-with the closed-loop evidence folded in. Nothing is mutated on disk.
+with the closed-loop evidence folded in, where each point's runs act by their verdict
+(:meth:`~qaopt.calibrate.region.ErrorRegion.runs`). Nothing is mutated on disk.
 """
 
 from __future__ import annotations

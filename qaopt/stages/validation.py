@@ -7,8 +7,8 @@ bytes under the same knobs (GPU fine-tuning is not bitwise reproducible) run aga
 verdict is about the bytes that ran. A configuration that
 fails closed-loop becomes evidence against its error point (``closed_loop.json``,
 see :mod:`qaopt.stages.region`): the region this run uses is rebuilt with it, and
-by monotonicity every front configuration with errors at least as large is skipped
-without spending runs on it.
+once the runs at that point decide it invalid, by monotonicity every front configuration
+with errors at least as large is skipped without spending runs on it.
 
 The in-search closed-loop checks (:mod:`qaopt.stages.checks`) run configurations through
 :func:`validate_configuration` too, with fewer runs, and record what failed with
@@ -138,12 +138,11 @@ def _fastest_inside(ctx: SearchContext, pending: list[Configuration], region, no
     """The first of ``pending`` (fastest first) that ``region`` holds, as its NNs are now, taken out of ``pending``;
     ``None`` when the region holds none of them.
 
-    One the region does not hold stays pending: the region is refitted to each validation's runs and is not
-    monotone in them, so a configuration that one failure elsewhere put outside can be back inside after the next.
-    CropFollow's default run of session 40 passed over its merged int8 NN (0.70 ms) once a merged NN at input 0.5
-    failed 1 of 40 runs; two slower configurations later the region held it again, but a single pass over the
-    front had gone by, and the run chose the bf16 pair (1.58 ms). That merged NN passes every seed that failed
-    the others (docs/BENCHMARKS.md).
+    One the region does not hold stays pending: each step asks the region as the evidence has made it, rather
+    than what it was when the pass began, since a certifier (an open registry) need not be monotone in the
+    evidence. (The built-in ``pooled`` one was not while closed-loop failures were pooled into its fit: CropFollow's default run of session 40 passed over its merged int8 NN, 0.70 ms,
+    once a merged NN at input 0.5 failed 1 of 40 runs, and two slower configurations later the region held it
+    again; docs/BENCHMARKS.md.)
     """
     for i, searched in enumerate(pending):
         config = ctx.rechecked(searched, "aware", region, note)
@@ -160,8 +159,8 @@ def with_validation(evidence: ClosedLoopEvidence, application: str, config: Conf
 
     The one place closed-loop runs become evidence against an error point, for the validation
     stage and the in-search checks alike. Runs that all passed are left out: the point is inside
-    the region already, and pooling a few real-NN passes there could stretch the certified region
-    past what the injected runs proved.
+    the region already, and one real NN's passes are no verdict on other NNs below its point.
+    The region takes only what the runs at a point decide (:meth:`~qaopt.calibrate.region.ErrorRegion.runs`).
     """
     if not validation.failures:
         return evidence

@@ -1,6 +1,6 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
-    python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--runs 48]
+    python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--align spec] [--runs 48]
         [--seed-base 5000000] [--references] [--freeze spec] [--end-to-end spec] [--precision auto] [--device auto]
         [--order NN ...] [--workers 2]
         [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
@@ -8,7 +8,8 @@
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
 the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
-fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is), ``--freeze`` kept as the lead trained
+fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is; each side rounded to a multiple of
+``--align``, by default the spec's ``resolution.align``), ``--freeze`` kept as the lead trained
 it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end) and then ``--end-to-end`` steps
 of the whole merged NN (``spec``: the group's ``end_to_end_steps``), trained in ``--precision``
 (``auto``: what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision,
@@ -36,10 +37,13 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from qaopt.approx import Knobs
 from qaopt.closed_loop import VALIDATION_SEED_BASE
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 8
+DEFAULT_ALIGN = Knobs().input_align
+"""``input_align``'s default: a variant at another is named for it (files kept before the option keep their names)."""
 
 
 def run_block(params: dict, nns: dict, seeds: list[int]) -> list[dict]:
@@ -86,7 +90,7 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
                                           args.end_to_end)
     lead = group.lead().name
     reference = {n: c.error for n, c in references.items()}
-    knobs = base.model_copy(update={"input_scale": args.scale, "finetune_steps": args.adapt})
+    knobs = base.model_copy(update={"input_scale": args.scale, "input_align": args.align, "finetune_steps": args.adapt})
     start = time.perf_counter()
     views = references if args.references else build_merged(
         group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx, device=args.device,
@@ -105,7 +109,8 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     row = {"steps": steps, "lead": lead, "freeze": args.freeze, "end_to_end_steps": args.end_to_end,
            "command": " ".join(["python", *sys.argv]),
            "knobs": ({"dtype": "fp32", "input_scale": 1.0, "finetune_steps": 0} if args.references else
-                     {"dtype": "int8", "input_scale": args.scale, "finetune_steps": args.adapt}),
+                     {"dtype": "int8", "input_scale": args.scale, "input_align": args.align,
+                      "finetune_steps": args.adapt}),
            "merged": not args.references,
            "precision": recipe.precision,
            "error": {n: v.error for n, v in views.items()}, "reference_error": reference,
@@ -126,6 +131,7 @@ def variant(steps: int, args: argparse.Namespace, precision: str) -> str:
     name += f"-{'+'.join(args.order)}" if args.order else ""
     name += f"-frozen-{args.freeze}" if args.freeze else ""
     name += f"-e2e{args.end_to_end}" if args.end_to_end else ""
+    name += f"-align{args.align}" if args.scale < 1.0 and args.align != DEFAULT_ALIGN else ""
     name += f"-seeds{args.seed_base}x{args.runs}" if args.seed_base != VALIDATION_SEED_BASE else ""
     return f"{name}.json" if precision == "fp32" else f"{name}-{precision}.json"
 
@@ -136,6 +142,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=[300, 1200, 3000])
     ap.add_argument("--scale", type=float, default=1.0, help="the merged NN's input scale (1.0: full resolution)")
     ap.add_argument("--adapt", type=int, default=0, help="fine-tuning steps at that scale")
+    ap.add_argument("--align", default="spec", help="what each scaled side is rounded to a multiple of (spec: "
+                    "approximations' resolution.align, else 8)")
     ap.add_argument("--runs", type=int, default=48)
     ap.add_argument("--seed-base", type=int, default=VALIDATION_SEED_BASE,
                     help="the first closed-loop seed (default: the first that qaopt optimize's validation draws)")
@@ -173,6 +181,9 @@ def main() -> None:
         args.device = training_device(spec.training)
     args.freeze = {"spec": spec.search.merge[0].freeze, "none": None}.get(args.freeze, args.freeze)
     args.end_to_end = spec.search.merge[0].end_to_end_steps if args.end_to_end == "spec" else int(args.end_to_end)
+    lead_sections = spec.knobs_for(spec.search.merge[0].nns[0])
+    args.align = (lead_sections.get("resolution", {}).get("align", DEFAULT_ALIGN) if args.align == "spec"
+                  else int(args.align))
     if args.end_to_end and args.freeze is None:
         sys.exit(f"--end-to-end {args.end_to_end}: end-to-end steps follow a frozen distillation; give --freeze too")
     recipe = finetune_recipe(spec.training.model_copy(update={"precision": args.precision}), args.device)

@@ -8,12 +8,12 @@ first operation of the candidate's graph, so the latency measured for the candid
 includes it and the exported artifact takes the application's full-size frame.
 
 The resize is bilinear (half-pixel centres, no antialiasing: ``F.interpolate``'s). Where
-each side shrinks by a ratio ``a/b`` of small blocks (:func:`block_ratio`: 0.75 = 3/4, 0.5 = 1/2,
-0.375 = 3/8 of CropFollow's 240x320 frame), it is computed exactly as a strided grouped
+each side shrinks by a ratio ``a/b`` of small blocks (:func:`block_ratio`: 0.75 = 3/4 and
+0.5 = 1/2 of CropFollow's 240x320 frame), it is computed exactly as a strided grouped
 convolution and a depth-to-space (:class:`BlockResize`), which backends run as ordinary
-layers: OpenVINO's ``Interpolate`` of that frame took 0.28 ms at 0.75, about half of a
-merged int8 NN's frame, where the convolution takes a fraction of it
-(docs/BENCHMARKS.md). Other ratios use ``F.interpolate`` (ONNX ``Resize``).
+layers: in CropFollow's int8 NN on OpenVINO the resize took 0.134 ms so at 0.75 where
+``Interpolate`` took 0.249, and 0.024 at 0.5 against 0.111 (docs/BENCHMARKS.md). Other
+ratios use ``F.interpolate`` (ONNX ``Resize``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MAX_BLOCK, MAX_OUTPUT_BLOCK = 8, 3
-"""The largest block, in input and in output pixels per side, that :class:`BlockResize` computes at once. The
-convolution does ``a_h * a_w`` multiply-adds per input pixel and channel, so a ratio of more output pixels (7/8)
-or of larger blocks (240 to 176 is 11/15) is resized by ``F.interpolate`` instead."""
+MAX_BLOCK, MAX_OUTPUT_BLOCK = 4, 3
+"""The largest block, in input and in output pixels per side, that :class:`BlockResize` computes at once; other
+ratios (3/8, 7/8, 240 to 176 = 11/15) are resized by ``F.interpolate``. Measured in CropFollow's int8 NN on
+OpenVINO (2 threads, ``benchmarks/block_resize.py``, docs/BENCHMARKS.md): the block convolution took 0.134 ms
+against ``Interpolate``'s 0.249 at 3/4 and 0.024 against 0.111 at 1/2, but 0.080 against 0.063 at 3/8, where the
+8x8 kernels cost more than the small output saves."""
 
 
 def scaled_size(input_shape: tuple[int, ...], scale: float, align: int) -> tuple[int, int]:

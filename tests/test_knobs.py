@@ -45,12 +45,12 @@ def test_a_resolution_candidate_resizes_inside_its_graph_and_takes_the_full_fram
 
 
 @pytest.mark.parametrize("frame, size, exact", [((240, 320), (180, 240), True), ((240, 320), (120, 160), True),
-                                               ((240, 320), (90, 120), True), ((24, 32), (18, 32), True),
+                                               ((24, 32), (18, 32), True), ((240, 320), (90, 120), False),
                                                ((240, 320), (176, 240), False)])
 def test_a_block_resize_is_bilinear_interpolation_in_ordinary_layers(frame, size, exact, tmp_path):
-    """Ratios of at most 8 pixels a block (3/4, 1/2, 3/8) resize as a strided grouped convolution, the same function
-    as ``F.interpolate`` (which rounds its sampling positions to float32), exported without ONNX ``Resize``; 240 to
-    176 (11/15) falls back to it."""
+    """Ratios of at most 4 pixels a block (3/4, 1/2) resize as a strided grouped convolution, the same function as
+    ``F.interpolate`` (which rounds its sampling positions to float32), exported without ONNX ``Resize``; 3/8 and
+    240 to 176 (11/15) fall back to it."""
     import onnx
 
     shape = (2, 3, *frame)

@@ -46,9 +46,13 @@ class ResolutionConfig(PassConfig):
         return sorted(set(value), reverse=True)
 
 
-RESIZE = "block"
-"""How the candidate's graph resizes (in its cache key): ``block``, a strided convolution where the ratio allows
-(:class:`~qaopt.approx.resolution.BlockResize`); keys without it are of graphs that always used ONNX ``Resize``."""
+def _resize_rule() -> str:
+    """How a candidate's graph resizes, in its cache key: a strided convolution where the ratio's blocks are at
+    most ``MAX_BLOCK`` input pixels (:class:`~qaopt.approx.resolution.BlockResize`), so that a change of the rule
+    rebuilds the candidates it changes; keys without it are of graphs that always used ONNX ``Resize``."""
+    from ..resolution import MAX_BLOCK, MAX_OUTPUT_BLOCK
+
+    return f"block {MAX_OUTPUT_BLOCK}/{MAX_BLOCK}"
 
 
 class ResolutionKnobs(PassKnobs):
@@ -85,7 +89,7 @@ class ResolutionPass(ApproximationPass):
 
     def identity(self, knobs) -> dict[str, Any]:
         values = super().identity(knobs)
-        return {**values, "resize": RESIZE} if values else values
+        return {**values, "resize": _resize_rule()} if values else values
 
     def shared(self, knobs) -> bool:
         return self.active(knobs) and knobs.input_adapt_steps > 0

@@ -11,9 +11,9 @@ The resize is bilinear (half-pixel centres, no antialiasing: ``F.interpolate``'s
 each side shrinks by a ratio ``a/b`` of small blocks (:func:`block_ratio`: 0.75 = 3/4 and
 0.5 = 1/2 of CropFollow's 240x320 frame), it is computed exactly as a strided grouped
 convolution and a depth-to-space (:class:`BlockResize`), which backends run as ordinary
-layers: in CropFollow's int8 NN on OpenVINO the resize took 0.134 ms so at 0.75 where
-``Interpolate`` took 0.249, and 0.024 at 0.5 against 0.111 (docs/BENCHMARKS.md). Other
-ratios use ``F.interpolate`` (ONNX ``Resize``).
+layers: in CropFollow's int8 NN on OpenVINO the resize took 0.17 ms so at 0.75 where
+``Interpolate`` took 0.36, and 0.03 at 0.5 against 0.17 (docs/knobs.md). Other ratios use
+``F.interpolate`` (ONNX ``Resize``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from torch import nn
 MAX_BLOCK, MAX_OUTPUT_BLOCK = 4, 3
 """The largest block, in input and in output pixels per side, that :class:`BlockResize` computes at once; other
 ratios (3/8, 7/8, 240 to 176 = 11/15) are resized by ``F.interpolate``. Measured in CropFollow's int8 NN on
-OpenVINO (2 threads, ``benchmarks/block_resize.py``, docs/BENCHMARKS.md): the block convolution took 0.134 ms
-against ``Interpolate``'s 0.249 at 3/4 and 0.024 against 0.111 at 1/2, but 0.080 against 0.063 at 3/8, where the
-8x8 kernels cost more than the small output saves."""
+OpenVINO (2 threads, ``benchmarks/block_resize.py``, docs/knobs.md): the block convolution took 0.17 ms against
+``Interpolate``'s 0.36 at 3/4 and 0.03 against 0.17 at 1/2, but 0.09 against 0.07 at 3/8, where the 8x8 kernels
+cost more than the small output saves."""
 
 
 def scaled_size(input_shape: tuple[int, ...], scale: float, align: int) -> tuple[int, int]:
@@ -39,13 +39,17 @@ def scaled_size(input_shape: tuple[int, ...], scale: float, align: int) -> tuple
     return tuple(max(align, round(side * scale / align) * align) for side in (h, w))  # type: ignore[return-value]
 
 
-def block_ratio(side: int, size: int) -> tuple[int, int] | None:
-    """``(a, b)``: every ``b`` input pixels of a side of length ``side`` give ``a`` output pixels at length ``size``;
-    ``None`` when that needs blocks larger than :data:`MAX_BLOCK` or :data:`MAX_OUTPUT_BLOCK`, or the resize
-    enlarges."""
+def block_ratio(side: int, size: int) -> tuple[int, int]:
+    """``(a, b)``: every ``b`` input pixels of a side of length ``side`` give ``a`` output pixels at length ``size``."""
     g = math.gcd(side, size)
-    a, b = size // g, side // g
-    return (a, b) if a <= min(b, MAX_OUTPUT_BLOCK) and b <= MAX_BLOCK else None
+    return size // g, side // g
+
+
+def block_pays(input_hw: tuple[int, int], size: tuple[int, int]) -> bool:
+    """Whether :class:`BlockResize` is the resize to use: each side shrinks by blocks of at most :data:`MAX_BLOCK`
+    input and :data:`MAX_OUTPUT_BLOCK` output pixels."""
+    return all(a <= min(b, MAX_OUTPUT_BLOCK) and b <= MAX_BLOCK
+               for a, b in (block_ratio(int(side), int(out)) for side, out in zip(input_hw, size)))
 
 
 def bilinear_block(a: int, b: int) -> torch.Tensor:
@@ -76,7 +80,9 @@ class BlockResize(nn.Module):
 
     def __init__(self, channels: int, input_hw: tuple[int, int], size: tuple[int, int]):
         super().__init__()
-        (ah, bh), (aw, bw) = (block_ratio(side, out) for side, out in zip(input_hw, size))  # type: ignore[misc]
+        (ah, bh), (aw, bw) = (block_ratio(side, out) for side, out in zip(input_hw, size))
+        if ah > bh or aw > bw:
+            raise ValueError(f"a block resize shrinks: {tuple(input_hw)} to {tuple(size)} enlarges")
         self.channels, self.size = channels, tuple(size)
         self.a, self.b = (ah, aw), (bh, bw)
         kernel = torch.einsum("ik,jl->ijkl", bilinear_block(ah, bh), bilinear_block(aw, bw)).reshape(ah * aw, 1, bh, bw)
@@ -95,17 +101,22 @@ class BlockResize(nn.Module):
 class InputResize(nn.Module):
     """``model`` fed a bilinear resize of its input (N, C, H, W) to ``size`` (H, W).
 
-    ``input_shape`` (the full frame's) lets the resize be a :class:`BlockResize` where the ratio allows it;
-    without it, or where it does not, ``F.interpolate`` resizes (the same function, as ONNX ``Resize``).
+    ``input_shape`` (the full frame's) lets the resize be a :class:`BlockResize`: where :func:`block_pays`, or as
+    ``block`` says (``benchmarks/block_resize.py`` times both ways); without it, or else, ``F.interpolate``
+    resizes (the same function, as ONNX ``Resize``).
     """
 
-    def __init__(self, model: nn.Module, size: tuple[int, int], input_shape: tuple[int, ...] | None = None):
+    def __init__(self, model: nn.Module, size: tuple[int, int], input_shape: tuple[int, ...] | None = None,
+                 block: bool | None = None):
         super().__init__()
         self.model = model
         self.size = tuple(int(s) for s in size)
-        exact = input_shape is not None and len(input_shape) == 4 and all(
-            block_ratio(int(side), out) for side, out in zip(input_shape[-2:], self.size))
-        self.resize = BlockResize(int(input_shape[1]), tuple(input_shape[-2:]), self.size) if exact else None
+        if input_shape is None or len(input_shape) != 4:
+            self.resize = None
+        else:
+            hw = (int(input_shape[-2]), int(input_shape[-1]))
+            use = block_pays(hw, self.size) if block is None else block
+            self.resize = BlockResize(int(input_shape[1]), hw, self.size) if use else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.resize is not None:

@@ -4,8 +4,8 @@
         --json docs/benchmarks/block_resize.json
 
 A scaled candidate resizes the full 240x320 frame inside its graph (``qaopt.approx.resolution``). Where the ratio
-allows, the resize is a strided grouped convolution and a depth-to-space (``BlockResize``), else ONNX ``Resize``
-(OpenVINO's ``Interpolate``). For each scale this wraps the shipped compact heading NN (its trained weights; the
+pays (``block_pays``), the resize is a strided grouped convolution and a depth-to-space (``BlockResize``), else ONNX
+``Resize`` (OpenVINO's ``Interpolate``); this measurement is what set where it pays. For each scale this wraps the shipped compact heading NN (its trained weights; the
 merged NN has the same backbone) in both resizes, quantizes each to int8 as the quantization pass does (100 rendered
 frames to calibrate), checks that both give the same outputs as ``F.interpolate`` in torch, and times each graph on
 OpenVINO's CPU plugin with ``--threads`` inference threads: ``--rounds`` rounds, each timing every graph
@@ -54,9 +54,7 @@ def graphs(scale: float, tmp: Path, calibration: np.ndarray) -> dict[str, tuple[
         truth = InputResize(nn, size).eval()(torch.from_numpy(calibration[:16])).numpy()  # F.interpolate
     out = {}
     for way in WAYS:
-        model = InputResize(nn, size, FRAME if way == "block" else None).eval()
-        if way == "block" and model.resize is None:
-            sys.exit(f"--scales {scale:g}: {size[0]}x{size[1]} is no block ratio of 240x320; choose 0.75, 0.5, 0.375")
+        model = InputResize(nn, size, FRAME, block=way == "block").eval()
         path = quantize_int8(model, torch.zeros(FRAME), calibration, tmp / f"{scale:g}-{way}.onnx", "heading", toolchain)
         error = float(np.abs(predict_onnx(toolchain.ort_session(path, threads=1), calibration[:16]) - truth).max())
         out[way] = (path, error)

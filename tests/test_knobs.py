@@ -63,6 +63,8 @@ def test_a_block_resize_is_bilinear_interpolation_in_ordinary_layers(frame, size
         inner = resized.resize(x) if exact else interpolated
         np.testing.assert_allclose(inner.numpy(), interpolated.numpy(), atol=5e-5)
         out = resized(x).numpy()
+        forced = InputResize(net, size, shape, block=True).resize(x)  # any ratio is exact, only slower where not used
+        np.testing.assert_allclose(forced.numpy(), interpolated.numpy(), atol=5e-5)
     path = onnx_toolchain.export_onnx(resized, [torch.zeros(shape)], tmp_path / "resized.onnx")
     ops = {node.op_type for node in onnx.load(str(path)).graph.node}
     assert ("Resize" in ops) != exact and (("Conv" in ops) if exact else True)

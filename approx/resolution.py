@@ -82,7 +82,7 @@ class BlockResize(nn.Module):
         super().__init__()
         (ah, bh), (aw, bw) = (block_ratio(side, out) for side, out in zip(input_hw, size))
         if ah > bh or aw > bw:
-            raise ValueError(f"a block resize shrinks: {tuple(input_hw)} to {tuple(size)} enlarges")
+            raise ValueError(f"a block resize only shrinks; {tuple(input_hw)} to {tuple(size)} enlarges")
         self.channels, self.size = channels, tuple(size)
         self.a, self.b = (ah, aw), (bh, bw)
         kernel = torch.einsum("ik,jl->ijkl", bilinear_block(ah, bh), bilinear_block(aw, bw)).reshape(ah * aw, 1, bh, bw)

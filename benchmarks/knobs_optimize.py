@@ -67,8 +67,7 @@ def record(app: str, result_path: Path) -> dict[str, Any]:
                     for v in (aware_runs, agnostic_runs))
     # A faster agnostic candidate that its tolerance test could not decide for want of validation frames means the
     # baseline was held back by its data, not by its NNs: a ratio against it is no goal met (session 41).
-    unresolved = {unit: {"trial": u.trial, "params": u.params, "quick_ms": u.quick_ms, "baseline_ms": u.baseline_ms,
-                         "data_needed": u.data_needed}
+    unresolved = {unit: u.model_dump(mode="json", include={"trial", "params", "quick_ms", "baseline_ms", "data_needed"})
                   for unit, u in (r.agnostic_rule.unresolved.items() if r.agnostic_rule is not None else ())}
     finished = dt.datetime.fromtimestamp(result_path.stat().st_mtime, dt.timezone.utc)
     return {

@@ -11,6 +11,20 @@ from __future__ import annotations
 import numpy as np
 
 
+def below(X: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """``[i]``: some row of P is >= X[i] in every coordinate (X[i] is dominated)."""
+    if len(P) == 0:
+        return np.zeros(len(X), dtype=bool)
+    return (X[:, None, :] <= P[None, :, :] + 1e-12).all(axis=2).any(axis=1)
+
+
+def above(X: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """``[i]``: some row of P is <= X[i] in every coordinate (X[i] dominates it)."""
+    if len(P) == 0:
+        return np.zeros(len(X), dtype=bool)
+    return (X[:, None, :] >= P[None, :, :] - 1e-12).all(axis=2).any(axis=1)
+
+
 class Dominance:
     """Labelled points in unit coordinates and the labels they imply elsewhere."""
 
@@ -23,23 +37,10 @@ class Dominance:
         X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=bool)
         return cls(X[y], X[~y], X.shape[1])
 
-    @staticmethod
-    def _below(X: np.ndarray, P: np.ndarray) -> np.ndarray:
-        """``[i]``: some row of P is >= X[i] in every coordinate."""
-        if len(P) == 0:
-            return np.zeros(len(X), dtype=bool)
-        return (X[:, None, :] <= P[None, :, :] + 1e-12).all(axis=2).any(axis=1)
-
-    @staticmethod
-    def _above(X: np.ndarray, P: np.ndarray) -> np.ndarray:
-        if len(P) == 0:
-            return np.zeros(len(X), dtype=bool)
-        return (X[:, None, :] >= P[None, :, :] - 1e-12).all(axis=2).any(axis=1)
-
     def labels(self, X: np.ndarray) -> np.ndarray:
         """+1 implied valid, -1 implied invalid, 0 unresolved (or contradicted)."""
         X = np.atleast_2d(np.asarray(X, dtype=float))
-        v, r = self._below(X, self.valid), self._above(X, self.invalid)
+        v, r = below(X, self.valid), above(X, self.invalid)
         return np.where(v & ~r, 1, np.where(r & ~v, -1, 0))
 
     def implied(self, x: np.ndarray) -> bool | None:

@@ -33,6 +33,8 @@ from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 from scipy.stats import qmc
 
+from qaopt.calibrate.dominance import above, below
+
 PRIOR_MEAN_B, PRIOR_SD_B = -4.0, 4.0  # logit of P(fail) at zero error: failures unlikely, widely uncertain
 PRIOR_MEAN_LOG_A, PRIOR_SD_LOG_A = np.log(10.0), 1.5  # logit rise across an axis: between ~0.5 and ~200
 PRIOR_MEAN_LOG_G, PRIOR_SD_LOG_G = 0.0, 1.0  # shape: between ~0.14 (knee at once) and ~7 (knee late)
@@ -268,7 +270,7 @@ class PooledCertifier:
         self.threshold = self._joint_threshold(Q)
 
     def _guard(self, U: np.ndarray) -> np.ndarray:
-        return _below_any(U, self.support) & ~_above_any(U, self.refuted)
+        return below(U, self.support) & ~above(U, self.refuted)
 
     def _joint_threshold(self, Q: np.ndarray) -> float:
         if not len(Q):
@@ -294,23 +296,9 @@ class PooledCertifier:
         outside the model decides it."""
         U = np.atleast_2d(np.asarray(U, dtype=float))
         p = self.fit.proba(U, self.max_failure_rate)
-        return np.where(_above_any(U, self.vetoed), 0.0, np.where(_below_any(U, self.vouched), 1.0, p))
+        return np.where(above(U, self.vetoed), 0.0, np.where(below(U, self.vouched), 1.0, p))
 
     def certified(self, U: np.ndarray) -> np.ndarray:
         U = np.atleast_2d(np.asarray(U, dtype=float))
         fitted = (self.fit.proba(U, self.max_failure_rate) >= self.threshold) & self._guard(U)
-        return (fitted | _below_any(U, self.vouched)) & ~_above_any(U, self.vetoed)
-
-
-def _below_any(U: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Which rows of ``U`` are dominated by (at most, on every axis) some row of ``points``."""
-    if not len(points):
-        return np.zeros(len(U), bool)
-    return (U[:, None, :] <= points[None] + 1e-12).all(2).any(1)
-
-
-def _above_any(U: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Which rows of ``U`` dominate (are at least, on every axis) some row of ``points``."""
-    if not len(points):
-        return np.zeros(len(U), bool)
-    return (U[:, None, :] >= points[None] - 1e-12).all(2).any(1)
+        return (fitted | below(U, self.vouched)) & ~above(U, self.vetoed)

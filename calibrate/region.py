@@ -162,12 +162,8 @@ class ErrorRegion:
         """Each distinct point once, with its label after pooling sources and field overrides."""
         if self._labelled is not None:
             return self._labelled
-        groups: dict[tuple, list[Observation]] = {}
-        for ob in self.observations:
-            key = tuple(np.round(self.space.to_unit(ob.errors), 9))
-            groups.setdefault(key, []).append(ob)
         points, sim_label, field_label, borderline = [], [], [], []
-        for key, obs in groups.items():
+        for key, obs in self._by_point(self.observations).items():
             sim = [o for o in obs if o.source == SIMULATOR and o.verdict is not Verdict.FAILED]
             fld = [o for o in obs if o.source != SIMULATOR]
             s = None if not sim else sim[-1].verdict is Verdict.VALID
@@ -198,6 +194,13 @@ class ErrorRegion:
         ]
         return self._labelled
 
+    def _by_point(self, observations: Sequence[Observation]) -> dict[tuple, list[Observation]]:
+        """``observations`` grouped by their point (its unit-cube coordinates, rounded so that one point is one key)."""
+        groups: dict[tuple, list[Observation]] = {}
+        for ob in observations:
+            groups.setdefault(tuple(np.round(self.space.to_unit(ob.errors), 9)), []).append(ob)
+        return groups
+
     def _field_verdict(self, observations: Sequence[Observation]) -> bool | None:
         """The fixed-sample verdict of one point's runs from outside the simulator (valid or not), pooled over
         sources; ``None`` when there are none or they decide nothing."""
@@ -212,11 +215,8 @@ class ErrorRegion:
         What the ``pooled`` certifier takes from that evidence: a verdict at its point, carried by monotonicity,
         never its runs in the fitted model (see :meth:`runs`).
         """
-        groups: dict[tuple, list[Observation]] = {}
-        for ob in self.observations:
-            if ob.source != SIMULATOR:
-                groups.setdefault(tuple(np.round(self.space.to_unit(ob.errors), 9)), []).append(ob)
-        decided = [(self.space.to_unit(obs[0].errors), v) for obs in groups.values()
+        outside = self._by_point([o for o in self.observations if o.source != SIMULATOR])
+        decided = [(self.space.to_unit(obs[0].errors), v) for obs in outside.values()
                    if (v := self._field_verdict(obs)) is not None]
         U = np.array([u for u, _ in decided]).reshape(-1, self.space.dim)
         return U, np.array([v for _, v in decided], dtype=bool)

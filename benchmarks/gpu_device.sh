@@ -57,11 +57,11 @@
 #            examples/cropfollow.yaml --profile quick`, empty cache, on cores 0-1 of this host with the GPU hidden
 #            and 2 threads, in the background; `progress` (and so `poll`) shows its log and brings $OUT/readme-cpu.tgz
 #            (its log, wall seconds, stage seconds, report and result)
-#   merge-adapt  benchmarks/merge_distillation.py on examples/cropfollow.yaml: its merged NN in int8 at each
-#            scale:adaptation-steps pair of $QAOPT_MERGE_VARIANTS (default 0.5:160 0.5:480 0.5:1000), $QAOPT_MERGE_RUNS
-#            closed-loop runs each (default 48) from seed $QAOPT_MERGE_SEED_BASE, in the background (poll; collect
-#            brings merge/merge_adapt_$QAOPT_MERGE_NAME.json, default merge_adapt_0.5.json, and merge.log): whether a
-#            longer adaptation keeps a scaled merged NN
+#   merge-adapt  benchmarks/merge_distillation.py on $QAOPT_MERGE_SPEC (default examples/cropfollow.yaml): its merged
+#            NN in int8 at each scale:adaptation-steps[:pruning:fine-tuning-steps] of $QAOPT_MERGE_VARIANTS (default
+#            0.5:160 0.5:480 0.5:1000), $QAOPT_MERGE_RUNS closed-loop runs each (default 48) from seed
+#            $QAOPT_MERGE_SEED_BASE, in the background (poll; collect brings merge/merge_adapt_$QAOPT_MERGE_NAME.json,
+#            default merge_adapt_0.5.json, and merge.log): whether a longer adaptation keeps a scaled merged NN
 #   scenes   benchmarks/scene_failures.py on the real result's state (the running one's, else the carried
 #            snapshot) with the same spec fields and --reference: which selection seeds the validated configurations'
 #            real NNs failed, whether perfect NNs, their injected errors and the reference NNs fail them too
@@ -268,19 +268,22 @@ for step in "$@"; do
       echo "merge-resnet18: started (steps ${QAOPT_MERGE_STEPS:-3000 1200 300})"
       ;;
     merge-adapt)
-      # The compact spec's merged NN (its merge group as the spec sets it: 3000 steps, backbone frozen), distilled on
-      # the GPU, in int8 at each input scale:adaptation steps of $QAOPT_MERGE_VARIANTS (default 0.5:160 0.5:480
-      # 0.5:1000), $QAOPT_MERGE_RUNS closed-loop runs each (default 48) from seed $QAOPT_MERGE_SEED_BASE (default
-      # validation's selection seeds) on the cores; one cache, so the merged NN distils once and a later call
-      # resumes; in the background (poll; collect brings merge/merge_adapt_<$QAOPT_MERGE_NAME>.json and merge.log).
+      # The merged NN of $QAOPT_MERGE_SPEC (default examples/cropfollow.yaml; its merge group as the spec sets it:
+      # 3000 steps, backbone frozen), distilled on the GPU, in int8 at each scale:adaptation-steps[:pruning:fine-tuning
+      # steps] of $QAOPT_MERGE_VARIANTS (default 0.5:160 0.5:480 0.5:1000), $QAOPT_MERGE_RUNS closed-loop runs each
+      # (default 48) from seed $QAOPT_MERGE_SEED_BASE (default validation's selection seeds) on the cores; one cache per
+      # spec, so the merged NN distils once and a later call resumes; in the background (poll; collect brings
+      # merge/merge_adapt_<$QAOPT_MERGE_NAME>.json and merge.log).
       mkdir -p "$BG/merge"
+      spec=${QAOPT_MERGE_SPEC:-examples/cropfollow.yaml}
       setsid nohup bash -c 'for v in $1; do
-          "$0" benchmarks/merge_distillation.py --spec examples/cropfollow.yaml --steps 3000 --scale "${v%%:*}" \
-            --adapt "${v##*:}" --runs "$2" --seed-base "$3" --workers "$(nproc)" --cache-dir "$4/merge/cache-adapt" \
-            --json "$4/merge/merge_adapt_$5.json"
+          IFS=: read -r scale adapt prune finetune <<< "$v"
+          "$0" benchmarks/merge_distillation.py --spec "$6" --steps 3000 --scale "$scale" --adapt "$adapt" \
+            --prune "${prune:-0}" --finetune "${finetune:-100}" --runs "$2" --seed-base "$3" --workers "$(nproc)" \
+            --cache-dir "$4/merge/cache-adapt-$(basename "$6" .yaml)" --json "$4/merge/merge_adapt_$5.json"
         done' "$PY" "${QAOPT_MERGE_VARIANTS:-0.5:160 0.5:480 0.5:1000}" "${QAOPT_MERGE_RUNS:-48}" \
-        "${QAOPT_MERGE_SEED_BASE:-5000000}" "$BG" "${QAOPT_MERGE_NAME:-0.5}" >> "$BG/merge.log" 2>&1 < /dev/null &
-      echo "merge-adapt: started (${QAOPT_MERGE_VARIANTS:-0.5:160 0.5:480 0.5:1000}, ${QAOPT_MERGE_RUNS:-48} runs from seed ${QAOPT_MERGE_SEED_BASE:-5000000})"
+        "${QAOPT_MERGE_SEED_BASE:-5000000}" "$BG" "${QAOPT_MERGE_NAME:-0.5}" "$spec" >> "$BG/merge.log" 2>&1 < /dev/null &
+      echo "merge-adapt: started ($spec: ${QAOPT_MERGE_VARIANTS:-0.5:160 0.5:480 0.5:1000}, ${QAOPT_MERGE_RUNS:-48} runs from seed ${QAOPT_MERGE_SEED_BASE:-5000000})"
       ;;
     scenes)
       real_sets

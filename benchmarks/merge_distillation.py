@@ -1,6 +1,7 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
-    python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--align spec] [--runs 48]
+    python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--align spec]
+        [--prune 0.0 --finetune 100] [--runs 48]
         [--seed-base 5000000] [--references] [--freeze spec] [--end-to-end spec] [--precision auto] [--device auto]
         [--order NN ...] [--workers 2]
         [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
@@ -9,7 +10,9 @@ For each distillation length in ``--steps`` it builds the spec's first merge gro
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
 the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
 fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is; each side rounded to a multiple of
-``--align``, by default the spec's ``resolution.align``), ``--freeze`` kept as the lead trained
+``--align``, by default the spec's ``resolution.align``; with ``--prune`` a search trial's pruned candidate: the
+scaled NN adapted ``--adapt`` steps once, as ``resolution.adapt_steps`` does, then pruned that share of its channels
+and fine-tuned ``--finetune`` steps), ``--freeze`` kept as the lead trained
 it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end) and then ``--end-to-end`` steps
 of the whole merged NN (``spec``: the group's ``end_to_end_steps``), trained in ``--precision``
 (``auto``: what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision,
@@ -90,7 +93,10 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
                                           args.end_to_end)
     lead = group.lead().name
     reference = {n: c.error for n, c in references.items()}
-    knobs = base.model_copy(update={"input_scale": args.scale, "input_align": args.align, "finetune_steps": args.adapt})
+    knobs = Knobs.model_validate({**base.model_dump(), **(
+        {"input_scale": args.scale, "input_align": args.align, "finetune_steps": args.adapt} if not args.prune else
+        {"input_scale": args.scale, "input_align": args.align, "input_adapt_steps": args.adapt,
+         "prune_ratio": args.prune, "finetune_steps": args.finetune})})
     start = time.perf_counter()
     views = references if args.references else build_merged(
         group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx, device=args.device,
@@ -109,8 +115,9 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
     row = {"steps": steps, "lead": lead, "freeze": args.freeze, "end_to_end_steps": args.end_to_end,
            "command": " ".join(["python", *sys.argv]),
            "knobs": ({"dtype": "fp32", "input_scale": 1.0, "finetune_steps": 0} if args.references else
-                     {"dtype": "int8", "input_scale": args.scale, "input_align": args.align,
-                      "finetune_steps": args.adapt}),
+                     {"dtype": "int8", **{k: v for k, v in knobs.model_dump().items()
+                                          if k in ("input_scale", "input_align", "input_adapt_steps", "prune_ratio",
+                                                   "finetune_steps") and (v or k == "finetune_steps")}}),
            "merged": not args.references,
            "precision": recipe.precision,
            "error": {n: v.error for n, v in views.items()}, "reference_error": reference,
@@ -132,6 +139,7 @@ def variant(steps: int, args: argparse.Namespace, precision: str) -> str:
     name += f"-frozen-{args.freeze}" if args.freeze else ""
     name += f"-e2e{args.end_to_end}" if args.end_to_end else ""
     name += f"-align{args.align}" if args.scale < 1.0 and args.align != DEFAULT_ALIGN else ""
+    name += f"-prune{args.prune:g}-ft{args.finetune}" if args.prune else ""
     name += f"-seeds{args.seed_base}x{args.runs}" if args.seed_base != VALIDATION_SEED_BASE else ""
     return f"{name}.json" if precision == "fp32" else f"{name}-{precision}.json"
 
@@ -144,6 +152,9 @@ def main() -> None:
     ap.add_argument("--adapt", type=int, default=0, help="fine-tuning steps at that scale")
     ap.add_argument("--align", default="spec", help="what each scaled side is rounded to a multiple of (spec: "
                     "approximations' resolution.align, else 8)")
+    ap.add_argument("--prune", type=float, default=0.0, help="share of the merged NN's channels pruned after the "
+                    "scale's adaptation (0: none)")
+    ap.add_argument("--finetune", type=int, default=100, help="fine-tuning steps after pruning (with --prune)")
     ap.add_argument("--runs", type=int, default=48)
     ap.add_argument("--seed-base", type=int, default=VALIDATION_SEED_BASE,
                     help="the first closed-loop seed (default: the first that qaopt optimize's validation draws)")

@@ -279,7 +279,7 @@ for step in "$@"; do
       setsid nohup bash -c 'for v in $1; do
           IFS=: read -r scale adapt prune finetune <<< "$v"
           "$0" benchmarks/merge_distillation.py --spec "$6" --steps 3000 --scale "$scale" --adapt "$adapt" \
-            --prune "${prune:-0}" --finetune "${finetune:-100}" --runs "$2" --seed-base "$3" --workers "$(nproc)" \
+            --prune "${prune:-0}" --finetune "${finetune:-0}" --runs "$2" --seed-base "$3" --workers "$(nproc)" \
             --cache-dir "$4/merge/cache-adapt-$(basename "$6" .yaml)" --json "$4/merge/merge_adapt_$5.json"
         done' "$PY" "${QAOPT_MERGE_VARIANTS:-0.5:160 0.5:480 0.5:1000}" "${QAOPT_MERGE_RUNS:-48}" \
         "${QAOPT_MERGE_SEED_BASE:-5000000}" "$BG" "${QAOPT_MERGE_NAME:-0.5}" "$spec" >> "$BG/merge.log" 2>&1 < /dev/null &

@@ -1,18 +1,18 @@
 """How long a merged NN must be distilled before the closed loop keeps it (issue #30).
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--align spec]
-        [--prune 0.0 --finetune 100] [--runs 48]
+        [--prune 0.0] [--finetune 0] [--runs 48]
         [--seed-base 5000000] [--references] [--freeze spec] [--end-to-end spec] [--precision auto] [--device auto]
         [--order NN ...] [--workers 2]
         [--spec examples/cropfollow.yaml] [--cache-dir DIR] [--json docs/benchmarks/merge_distillation.json]
 
 For each distillation length in ``--steps`` it builds the spec's first merge group (``search.merge``) distilled
 that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:func:`qaopt.approx.build_merged`,
-the lead the product picks), in int8 with no other knob but ``--scale`` (the input resolution, the merged NN then
-fine-tuned ``--adapt`` steps at that scale, as a search trial's candidate is; each side rounded to a multiple of
-``--align``, by default the spec's ``resolution.align``; with ``--prune`` a search trial's pruned candidate: the
-scaled NN adapted ``--adapt`` steps once, as ``resolution.adapt_steps`` does, then pruned that share of its channels
-and fine-tuned ``--finetune`` steps), ``--freeze`` kept as the lead trained
+the lead the product picks), in int8 at ``--scale`` (the input resolution, each side rounded to a multiple of
+``--align``, by default the spec's ``resolution.align``), adapted ``--adapt`` steps to that scale once, as
+``resolution.adapt_steps`` does, then pruned ``--prune`` of its channels and fine-tuned ``--finetune`` steps, as a
+search trial's candidate is built (scaled rows kept before session 42, whose knobs name only ``finetune_steps``,
+were fine-tuned that many steps after the spec's own ``adapt_steps``), with ``--freeze`` kept as the lead trained
 it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end) and then ``--end-to-end`` steps
 of the whole merged NN (``spec``: the group's ``end_to_end_steps``), trained in ``--precision``
 (``auto``: what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision,
@@ -93,10 +93,9 @@ def measure(steps: int, args: argparse.Namespace, spec, recipe, pool) -> dict:
                                           args.end_to_end)
     lead = group.lead().name
     reference = {n: c.error for n, c in references.items()}
-    knobs = Knobs.model_validate({**base.model_dump(), **(
-        {"input_scale": args.scale, "input_align": args.align, "finetune_steps": args.adapt} if not args.prune else
-        {"input_scale": args.scale, "input_align": args.align, "input_adapt_steps": args.adapt,
-         "prune_ratio": args.prune, "finetune_steps": args.finetune})})
+    knobs = Knobs.model_validate({**base.model_dump(), "input_scale": args.scale, "input_align": args.align,
+                                  "input_adapt_steps": args.adapt, "prune_ratio": args.prune,
+                                  "finetune_steps": args.finetune})
     start = time.perf_counter()
     views = references if args.references else build_merged(
         group, knobs, cache_dir=cache, recipe=recipe, onnx=kernels.onnx, device=args.device,
@@ -134,12 +133,14 @@ def variant(steps: int, args: argparse.Namespace, precision: str) -> str:
     precision and order existed: ``<steps>.json``)."""
     if args.references:
         return f"references-seeds{args.seed_base}x{args.runs}.json"
-    name = f"{steps}" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}"
+    # "-once": adapted as resolution.adapt_steps does; the rows kept before fine-tuned --adapt steps instead
+    name = f"{steps}" if args.scale == 1.0 and args.adapt == 0 else f"{steps}-scale{args.scale:g}-adapt{args.adapt}-once"
     name += f"-{'+'.join(args.order)}" if args.order else ""
     name += f"-frozen-{args.freeze}" if args.freeze else ""
     name += f"-e2e{args.end_to_end}" if args.end_to_end else ""
     name += f"-align{args.align}" if args.scale < 1.0 and args.align != DEFAULT_ALIGN else ""
-    name += f"-prune{args.prune:g}-ft{args.finetune}" if args.prune else ""
+    name += f"-prune{args.prune:g}" if args.prune else ""
+    name += f"-ft{args.finetune}" if args.finetune else ""
     name += f"-seeds{args.seed_base}x{args.runs}" if args.seed_base != VALIDATION_SEED_BASE else ""
     return f"{name}.json" if precision == "fp32" else f"{name}-{precision}.json"
 
@@ -149,12 +150,12 @@ def main() -> None:
     ap.add_argument("--spec", type=Path, default=REPO / "examples" / "cropfollow.yaml")
     ap.add_argument("--steps", type=int, nargs="+", default=[300, 1200, 3000])
     ap.add_argument("--scale", type=float, default=1.0, help="the merged NN's input scale (1.0: full resolution)")
-    ap.add_argument("--adapt", type=int, default=0, help="fine-tuning steps at that scale")
+    ap.add_argument("--adapt", type=int, default=0, help="steps adapting the NN to that scale once")
     ap.add_argument("--align", default="spec", help="what each scaled side is rounded to a multiple of (spec: "
                     "approximations' resolution.align, else 8)")
     ap.add_argument("--prune", type=float, default=0.0, help="share of the merged NN's channels pruned after the "
                     "scale's adaptation (0: none)")
-    ap.add_argument("--finetune", type=int, default=100, help="fine-tuning steps after pruning (with --prune)")
+    ap.add_argument("--finetune", type=int, default=0, help="the candidate's own fine-tuning steps (after pruning)")
     ap.add_argument("--runs", type=int, default=48)
     ap.add_argument("--seed-base", type=int, default=VALIDATION_SEED_BASE,
                     help="the first closed-loop seed (default: the first that qaopt optimize's validation draws)")

@@ -20,7 +20,8 @@ CropFollow's heading and distance NNs, LaneKeep's lane, stop-sign and lead NNs) 
 
 Writes ``DIR/fidelity_truth.json`` (per configuration: knobs, errors, runs, failures, verdict, each run's
 QoS metric in seed order), ``DIR/variants.json`` (each NN variant's errors, as soon as they are built) and
-``DIR/fidelity_residuals.npz`` (per NN variant: on-policy residual and truth sequences). Resumable:
+``DIR/fidelity_residuals.npz`` (per NN variant: on-policy residual and truth sequences, ``<variant>/residual/<drive>``
+and ``<variant>/truth/<drive>``, and the same on each stress stratum, ``<variant>/<stratum>/residual/<drive>``). Resumable:
 each finished configuration is kept in ``DIR/closed_loop/<id>.json`` and skipped on a re-run.
 ``benchmarks/fidelity.py`` reads these files and compares the error models' regions with them.
 """
@@ -215,7 +216,9 @@ def build_variants(spec, tables: dict[str, dict], cache: Path, device: str, name
             shipped = InLoopNN(cand, device)
             pred = np.asarray(shipped(dataset[nn].data.x_val))
             ds_error = dataset[nn].metric(pred, np.asarray(dataset[nn].data.y_val))
-            strata = {} if stress is None else stress.errors(nn, shipped, target.metric)
+            predictions = {} if stress is None else stress.predictions(nn, shipped)
+            strata = {s: float(target.metric(pred, np.asarray(stress.strata[s][nn].truth)))
+                      for s, pred in predictions.items()}
             variants[name] = {"nn": nn, "knobs": knobs, "seed": variant_seed, "candidate": cand.key,
                               "on_policy_error": cand.error, "dataset_error": float(ds_error), "strata": strata,
                               "macs": cand.macs, "params": cand.params,
@@ -223,6 +226,12 @@ def build_variants(spec, tables: dict[str, dict], cache: Path, device: str, name
             for i, (res, seq) in enumerate(zip(cand.residuals, target.data.val_sequences)):
                 sequences[f"{name}/residual/{i}"] = np.asarray(res)
                 sequences[f"{name}/truth/{i}"] = truth[np.asarray(seq)]
+            for stratum, pred in predictions.items():  # the same per drive on each stratum: "<name>/<stratum>/..."
+                rec = stress.strata[stratum][nn]
+                for i, seq in enumerate(rec.sequences):
+                    seq = np.asarray(seq)
+                    sequences[f"{name}/{stratum}/residual/{i}"] = pred[seq, column] - rec.truth[seq, column]
+                    sequences[f"{name}/{stratum}/truth/{i}"] = np.asarray(rec.truth)[seq, column]
             unit = "L1" if target.metric.kind == "l1" else target.metric.kind  # fidelity.py reads a log's L1 lines
             log(f"{name}: on-policy {unit} {cand.error:.4g}, dataset {unit} {ds_error:.4g}"
                 + "".join(f", {k} {unit} {v:.4g}" for k, v in strata.items()) + f" ({variants[name]['build_s']} s)")

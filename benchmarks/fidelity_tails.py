@@ -58,7 +58,7 @@ def residual_tails(folder: Path, quantiles: list[float], windows: list[int]) -> 
     with np.load(folder / "fidelity_residuals.npz") as npz:
         for key in npz.files:
             variant, kind, _ = key.rsplit("/", 2)
-            if kind == "residual":
+            if kind == "residual" and "/" not in variant:  # on-policy drives ("<variant>/<stratum>/...": strata)
                 sequences[variant].append(np.asarray(npz[key], dtype=float).ravel())
     out = {}
     for variant, drives in sequences.items():

@@ -62,6 +62,10 @@
 #            0.5:160 0.5:480 0.5:1000), $QAOPT_MERGE_RUNS closed-loop runs each (default 48) from seed
 #            $QAOPT_MERGE_SEED_BASE, in the background (poll; collect brings merge/merge_adapt_$QAOPT_MERGE_NAME.json,
 #            default merge_adapt_0.5.json, and merge.log): whether a longer adaptation keeps a scaled merged NN
+#   fidelity benchmarks/fidelity_closed_loop.py on $QAOPT_FIDELITY_SPEC (default examples/cropfollow.yaml): configurations
+#            $QAOPT_FIDELITY_ONLY (default all), every NN variant fine-tuned on the GPU under seed $QAOPT_FIDELITY_SEED
+#            (default 0), 48 closed-loop runs a configuration on the cores, in the background into $BG/fidelity (poll;
+#            progress and collect bring $OUT/fidelity.tgz: its log, variants, residuals and finished configurations)
 #   scenes   benchmarks/scene_failures.py on the real result's state (the running one's, else the carried
 #            snapshot) with the same spec fields and --reference: which selection seeds the validated configurations'
 #            real NNs failed, whether perfect NNs, their injected errors and the reference NNs fail them too
@@ -80,7 +84,7 @@ RUN=examples/runs/cropfollow-gpu
 BG=/tmp/qaopt-gpu-bg
 # A default run, or the latency step that follows it. The brackets keep pgrep from matching a command line that only
 # names the pattern (the device call's own shell, a poll loop's).
-RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency|[r]eal_result.py|[m]erge_distillation.py"
+RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency|[r]eal_result.py|[m]erge_distillation.py|[f]idelity_closed_loop.py"
 TVM_SITE=/tmp/tvm-site OV_SITE=/tmp/ov-site
 # TVM and OpenVINO, where tvm-install and ov-install put them (the machine's Python has neither: they come carried).
 [ -d "$TVM_SITE/tvm" ] && export PYTHONPATH=$TVM_SITE${PYTHONPATH:+:$PYTHONPATH}
@@ -183,6 +187,10 @@ for step in "$@"; do
         [ -f "$log" ] && { echo "== $log"; tail -c 1500 "$log" | tr '\r' '\n' | tail -12; }
       done
       [ -f "$BG/merge.log" ] && { echo "== merge"; tail -c 1500 "$BG/merge.log" | tr '\r' '\n' | tail -12; }
+      if [ -f "$BG/fidelity.log" ]; then
+        echo "== fidelity"; tail -c 1500 "$BG/fidelity.log" | tail -12
+        tar czf "$OUT/fidelity.tgz" -C "$BG" fidelity fidelity.log
+      fi
       if [ -f "$BG/real.log" ]; then
         echo "== real"; tail -c 1500 "$BG/real.log" | tr '\r' '\n' | tail -12
         [ -f "$BG/real/state.tar.gz" ] && cp "$BG/real/state.tar.gz" "$OUT/real-state.tar.gz"
@@ -205,7 +213,7 @@ for step in "$@"; do
     collect)
       # The real result's run folder and cache stay (candidates of 45 MB), as do the merge variants' caches: its
       # figures, log, report and state come, and the variants' figures.
-      (cd "$BG" && tar cf - --exclude=./real --exclude='./merge/cache-*' . | tar xf - -C "$OUT")
+      (cd "$BG" && tar cf - --exclude=./real --exclude='./merge/cache-*' --exclude=./fidelity-cache . | tar xf - -C "$OUT")
       if [ -d "$BG/real" ]; then
         mkdir -p "$OUT/real"
         cp "$BG/real/real_result.json" "$BG/real/run/result.json" "$BG/real/run/report.md" "$OUT/real/" 2>/dev/null
@@ -285,6 +293,14 @@ for step in "$@"; do
         "${QAOPT_MERGE_SEED_BASE:-5000000}" "$BG" "${QAOPT_MERGE_NAME:-0.5}" "$spec" >> "$BG/merge.log" 2>&1 < /dev/null &
       echo "merge-adapt: started ($spec: ${QAOPT_MERGE_VARIANTS:-0.5:160 0.5:480 0.5:1000}, ${QAOPT_MERGE_RUNS:-48} runs from seed ${QAOPT_MERGE_SEED_BASE:-5000000})"
       ;;
+    fidelity)
+      mkdir -p "$BG/fidelity"
+      setsid nohup "$PY" benchmarks/fidelity_closed_loop.py --spec "${QAOPT_FIDELITY_SPEC:-examples/cropfollow.yaml}" \
+        ${QAOPT_FIDELITY_ONLY:+--only "$QAOPT_FIDELITY_ONLY"} --variant-seed "${QAOPT_FIDELITY_SEED:-0}" --runs 48 \
+        --workers "$(nproc)" --device cuda --cache-dir "$BG/fidelity-cache" --out "$BG/fidelity" \
+        >> "$BG/fidelity.log" 2>&1 < /dev/null &
+      echo "fidelity: started (${QAOPT_FIDELITY_ONLY:-every configuration}, variant seed ${QAOPT_FIDELITY_SEED:-0})"
+      ;;
     scenes)
       real_sets
       state="$BG/real/state.tar.gz"; [ -f "$state" ] || state=.device-snapshots/real-state.tar.gz
@@ -294,6 +310,6 @@ for step in "$@"; do
       ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
             "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18, tvm-part, tvm-install,"\
-            "reference-tvm, ov-install, real, scenes, merge-resnet18, merge-adapt)"; exit 2 ;;
+            "reference-tvm, ov-install, real, scenes, merge-resnet18, merge-adapt, fidelity)"; exit 2 ;;
   esac
 done

@@ -76,16 +76,20 @@ class StressSet:
     key: str
     strata: Mapping[str, Mapping[str, Recording]]
 
-    def errors(self, nn: str, predict: Predict, metric: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, float]:
-        """NN ``nn``'s error metric on each stratum, for an NN that computes ``predict``."""
+    def predictions(self, nn: str, predict: Predict) -> dict[str, np.ndarray]:
+        """What an NN that computes ``predict`` outputs on each stratum's frames of NN ``nn``, in recording order
+        (beside ``strata[name][nn].truth``: the per-frame errors a fidelity study looks into)."""
         out = {}
         for name, recordings in self.strata.items():
-            rec = recordings[nn]
-            n = len(rec.inputs)
-            pred = np.concatenate([np.asarray(predict(rec.inputs[i : i + PREDICT_CHUNK]), dtype=np.float64)
-                                   for i in range(0, n, PREDICT_CHUNK)])
-            out[name] = float(metric(pred, np.asarray(rec.truth)))
+            inputs = recordings[nn].inputs
+            out[name] = np.concatenate([np.asarray(predict(inputs[i : i + PREDICT_CHUNK]), dtype=np.float64)
+                                        for i in range(0, len(inputs), PREDICT_CHUNK)])
         return out
+
+    def errors(self, nn: str, predict: Predict, metric: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, float]:
+        """NN ``nn``'s error metric on each stratum, for an NN that computes ``predict``."""
+        return {name: float(metric(pred, np.asarray(self.strata[name][nn].truth)))
+                for name, pred in self.predictions(nn, predict).items()}
 
 
 def record_stress(spec: AppSpec, models: Mapping[str, Any], fingerprints: Mapping[str, str],

@@ -154,13 +154,40 @@ def error_metric(kind: str, residuals: np.ndarray) -> float:
     return mse if kind == "mse" else math.sqrt(mse)
 
 
-def error_coordinate(component: str, kind: str, residuals: np.ndarray) -> float:
+def other_class_metric(kind: str) -> str:
+    """The class metric of the other error kind: ``false_alarm_rate`` for ``miss_rate`` and back."""
+    check_metric(kind)
+    return "false_alarm_rate" if kind == "miss_rate" else "miss_rate"
+
+
+def class_coordinate(rate: float, other_rate: float, ratio: float | None) -> float:
+    """A detector's place on its class-metric axis: the least declared rate ``m`` whose injected errors
+    (``m`` of the declared kind and ``ratio * m`` of the other, :class:`qaopt.calibrate.confusion.Confusion`)
+    are at least the detector's own of both kinds.
+
+    A region charted with injected errors certifies a detector only where the injected detector errs at least as
+    much in each direction. One whose declared rate is small but whose other kind's rate is far above
+    ``ratio`` times it (LaneKeep's stop detector at input 0.9: misses 0.9 %, false alarms 33 times the
+    reference's, all of them just before a sign comes into range, where they move the stop) erred more than any
+    point the calibration ran at its declared rate, and sits where its other rate puts it. ``ratio`` 0 (the
+    calibration injected none of the other kind): any such error is outside what was charted, at rate 1.
+    ``None`` (no calibrated ratio known): the declared rate alone.
+    """
+    if ratio is None or other_rate <= 0:
+        return rate
+    return max(rate, 1.0 if ratio <= 0 else min(1.0, other_rate / ratio))
+
+
+def error_coordinate(component: str, kind: str, residuals: np.ndarray, ratio: float | None = None) -> float:
     """One coordinate of an error space for these residuals (codes, for a class metric): the metric ``kind``, the
-    bias or the sigma (regression metrics only)."""
+    bias or the sigma (regression metrics only). For a class metric, ``ratio`` is the calibrated error model's
+    other-kind rate per declared one (:func:`class_coordinate`; ``None``: the declared rate alone)."""
     import numpy as np
 
     r = np.asarray(residuals, dtype=np.float64).ravel()
     if component == "metric":
+        if is_class_metric(kind):
+            return class_coordinate(class_rate(kind, r), class_rate(other_class_metric(kind), r), ratio)
         return error_metric(kind, r)
     if is_class_metric(kind) and component in COMPONENTS:
         raise QaoptError(f"error component {component!r} means nothing for the class metric {kind!r} (its per-frame "

@@ -16,7 +16,9 @@ For each error model, the shipped example's calibration (its strategy, certifier
 evaluations, on this machine) charts a region in on-policy coordinates: each NN's L1 on the
 on-policy drives (``calibration.error_data``; the fitted models are fitted to the reference's
 on-policy residuals). A configuration's point is its NNs' on-policy errors, each NN's on its metric
-(L1; a detector's miss rate); the region says valid when it certifies the point. ``ar1@dataset`` is
+(L1; a detector's miss rate, placed with its false alarms in the proportion the region's error model injected
+them, as the product places it: ``qaopt.app_spec.nn_errors.class_coordinate``); the region says valid when it
+certifies the point. ``ar1@dataset`` is
 the product before on-policy error data: the ar1 region with each configuration placed at its
 dataset-drive errors. The spec's application (``--spec``: CropFollow's by default, LaneKeep's) names
 the NNs. Compared with the closed-loop verdicts (the spec's acceptance test on 48 runs): agreement on the decided
@@ -83,6 +85,7 @@ def merged(folders: list[Path], metrics: dict[str, str]) -> tuple[list[dict], di
     configs, reference = {}, {}
     for folder in folders:
         variants, records = read_closed_loop(folder)
+        others = other_rates(folder, metrics)
         ref = reference_variants(variants, metrics)
         if all(ref[nn] in variants for nn in nns):
             reference = {kind: {nn: variants[ref[nn]][kind] for nn in nns} for kind in BASES}
@@ -95,9 +98,30 @@ def merged(folders: list[Path], metrics: dict[str, str]) -> tuple[list[dict], di
                         variants[ref[nn]]["strata"]) for nn in nns}
             macs = [variants[rec[nn]]["macs"] for nn in nns]
             configs[rec["id"]] = {**rec, "points": points, "source": folder.name,
+                                  "other_rates": {nn: others[rec[nn]] for nn in nns if rec[nn] in others},
                                   "macs": None if None in macs else sum(macs),
                                   "reference": all(rec[nn] == ref[nn] for nn in nns)}
     return [configs[i] for i in sorted(configs)], reference
+
+
+def other_rates(folder: Path, metrics: dict[str, str]) -> dict[str, float]:
+    """Each detector variant's rate of the error kind its metric does not declare (false alarms of a ``miss_rate``
+    NN), from its on-policy confusion codes in the folder's residuals (variants of regression NNs have none)."""
+    import numpy as np
+    from qaopt.app_spec.nn_errors import class_rate, is_class_metric, other_class_metric
+
+    detectors = {nn for nn, kind in metrics.items() if is_class_metric(kind)}
+    if not detectors or not (folder / "fidelity_residuals.npz").exists():
+        return {}
+    variants, _ = read_closed_loop(folder)
+    codes: dict[str, list] = {}
+    with np.load(folder / "fidelity_residuals.npz") as npz:
+        for key in npz.files:
+            name, kind, _ = key.rsplit("/", 2)
+            if kind == "residual" and variants.get(name, {}).get("nn") in detectors:
+                codes.setdefault(name, []).append(np.ravel(npz[key]))
+    return {name: class_rate(other_class_metric(metrics[variants[name]["nn"]]), np.concatenate(c))
+            for name, c in codes.items()}
 
 
 def calibrate(spec, model: str, budget: int) -> tuple[object, dict]:
@@ -127,9 +151,22 @@ def reach(region, reference: dict) -> dict:
     return out
 
 
+def placed(region, config: dict, coordinates: str) -> dict[str, float]:
+    """The configuration's point in ``coordinates`` as the product places it in ``region``: a detector on on-policy
+    codes by both its error kinds, in the proportion the region's error model injected them
+    (:func:`qaopt.app_spec.nn_errors.class_coordinate`)."""
+    from qaopt.app_spec.nn_errors import class_coordinate
+
+    point = dict(config["points"][coordinates])
+    if coordinates.startswith("on_policy"):
+        for nn, other in config.get("other_rates", {}).items():
+            point[nn] = class_coordinate(point[nn], other, region.class_ratio(nn))
+    return point
+
+
 def score(region, configs: list[dict], coordinates: str) -> dict:
     decided = [c for c in configs if c["verdict"] != "undecided"]
-    said = {c["id"]: bool(region.contains(c["points"][coordinates])) for c in configs}
+    said = {c["id"]: bool(region.contains(placed(region, c, coordinates))) for c in configs}
     agree = [said[c["id"]] == (c["verdict"] == "valid") for c in decided]
     return {
         "decided": len(decided),
@@ -243,8 +280,8 @@ def main() -> None:
         "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
         "closed_loop": {"runs": sum(c["runs"] for c in configs), "sources": [str(p) for p in args.closed_loop],
                         "verdicts": {c["id"]: c["verdict"] for c in configs}},
-        "truth": [{k: c[k] for k in ("id", *metrics, "runs", "failures", "verdict", "points", "macs", "source")}
-                  for c in configs],
+        "truth": [{k: c[k] for k in ("id", *metrics, "runs", "failures", "verdict", "points", "other_rates", "macs",
+                                     "source")} for c in configs],
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%d"),
     }

@@ -1,6 +1,7 @@
 """Fidelity diagnosis (issue #13): inject each real candidate's *own* fitted error process. Does the loop fail?
 
     .venv/bin/python benchmarks/fidelity_own_shape.py [--runs 96] [--run-dir docs/benchmarks/fidelity_device/run1]
+                                                      [--strata]
 
 If one region point per NN (a level) cannot predict the closed loop (``benchmarks/fidelity.py``),
 the richest error model qaopt measures might: the ``shaped`` model fitted to the candidate's own
@@ -10,7 +11,9 @@ records ``benchmarks/fidelity.py`` reads), both NNs are injected with their own 
 example's simulator (100 m, ``--runs`` seeds of their own), twice: the slope held at the edges of
 the band of true values it was measured on (the model as shipped), and extrapolated beyond it.
 Prints the failing runs beside the configuration's closed-loop ground truth, with each NN's fitted
-offset (its bias) and slope.
+offset (its bias) and slope. ``--strata`` fits each process to the stress strata's drives as well (a run folder
+recorded since the set ``cropfollow-seed2`` keeps them): states far from a centred start, so the slope is measured
+over large headings and offsets instead of extrapolated to them.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity_device" / "run1")
     ap.add_argument("--runs", type=int, default=96)
+    ap.add_argument("--strata", action="store_true", help="fit to the stress strata's drives too")
     args = ap.parse_args()
 
     from qaopt.calibrate.error_models import Shaped
@@ -39,12 +43,18 @@ def main() -> None:
     spec = load_spec(REPO / "examples" / "cropfollow.yaml")
     evaluator = CropFollowEvaluator(**spec.evaluator.simulator.params)
     sequences = np.load(args.run_dir / "fidelity_residuals.npz")
-    drives = len([k for k in sequences.files if k.startswith("h-ref/residual/")])
     _, records = read_closed_loop(args.run_dir)
 
+    def drives(name: str) -> list[str]:
+        """The run folder's drive prefixes of one variant: on-policy (``name/``), and each stratum's with --strata."""
+        kept = [k.rsplit("/residual/", 1) for k in sequences.files if k.startswith(f"{name}/") and "/residual/" in k]
+        return sorted(f"{where}/%s/{i}" for where, i in kept if args.strata or where == name)
+
     def fit(name: str) -> Shaped:
-        return Shaped.fit([sequences[f"{name}/residual/{i}"] for i in range(drives)], "l1",
-                          [sequences[f"{name}/truth/{i}"] for i in range(drives)])
+        found = drives(name)
+        if not found:
+            raise SystemExit(f"{args.run_dir}: no residual sequences of {name}")
+        return Shaped.fit([sequences[d % "residual"] for d in found], "l1", [sequences[d % "truth"] for d in found])
 
     seeds = list(range(9_000_000, 9_000_000 + args.runs))
     print(f"{args.runs} injection runs of {spec.evaluator.simulator.params['run_length_m']} m per configuration, "

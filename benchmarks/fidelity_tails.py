@@ -16,7 +16,10 @@ For each NN with a continuous metric (L1; a detector's miss rate has no per-fram
 mean absolute residual and its quantiles; its bias, the absolute mean of its signed residuals; and for each
 ``--windows`` W its slow error ``slowW``, the mean absolute moving average of its signed residuals over W
 consecutive frames of one drive (a filter between the NNs and the controller, such as CropFollow's EKF, averages
-noise away but not an error that persists for W frames, which the mean absolute error cannot tell from noise).
+noise away but not an error that persists for W frames, which the mean absolute error cannot tell from noise);
+and its attenuation ``atten``, ``1 / (1 + slope)`` of its signed residuals on the true value (a pruned NN that
+flattens large values has one above the reference's). A folder whose residuals include the stress strata's drives
+(recorded since the set ``cropfollow-seed2``) adds the same statistics on each stratum, ``<stratum>:<statistic>``.
 Each statistic is taken over the reference variant's of the same folder (a folder
 without the reference takes another folder's: the reference is not rebuilt). A configuration's statistic is
 its worst NN's ratio, and each NN's ratio alone. The separation score of a statistic is the share of
@@ -43,6 +46,7 @@ from fidelity import REPO, read_closed_loop, reference_variants  # noqa: E402
 
 MEAN = "mean"
 BIAS = "bias"
+ATTENUATION = "atten"
 
 
 def _slow(drive: np.ndarray, window: int) -> np.ndarray:
@@ -52,23 +56,37 @@ def _slow(drive: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(drive, np.ones(window) / window, mode="valid")
 
 
+def _attenuation(signed: np.ndarray, truth: np.ndarray) -> float:
+    """``1 / (1 + slope)`` of the signed residuals regressed on the true value: how much less the NN's output moves
+    than the truth (1: it follows it; 2: half as much), the feature of a pruned NN that flattens large headings."""
+    slope = np.polyfit(truth, signed, 1)[0] if np.ptp(truth) > 0 else 0.0
+    return float(1.0 / max(1.0 + slope, 0.05))
+
+
+def _statistics(drives: list[np.ndarray], truths: list[np.ndarray], quantiles: list[float],
+                windows: list[int]) -> dict[str, float]:
+    signed = np.concatenate(drives)
+    frames = np.abs(signed)
+    return {MEAN: float(frames.mean()), **{f"q{q}": float(np.quantile(frames, q)) for q in quantiles},
+            BIAS: float(abs(signed.mean())), ATTENUATION: _attenuation(signed, np.concatenate(truths)),
+            **{f"slow{w}": float(np.abs(np.concatenate([_slow(d, w) for d in drives])).mean()) for w in windows}}
+
+
 def residual_tails(folder: Path, quantiles: list[float], windows: list[int]) -> dict[str, dict[str, float]]:
-    """Each variant's statistics of its on-policy residuals over all its drives (the module docstring)."""
-    sequences: dict[str, list[np.ndarray]] = defaultdict(list)
+    """Each variant's statistics of its residuals over all its on-policy drives (the module docstring), and over
+    each stress stratum's drives where the folder kept them (``<stratum>:<statistic>``)."""
+    drives: dict[tuple[str, str], dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
     with np.load(folder / "fidelity_residuals.npz") as npz:
-        for key in npz.files:
-            variant, kind, _ = key.rsplit("/", 2)
-            if kind == "residual" and "/" not in variant:  # on-policy drives ("<variant>/<stratum>/...": strata)
-                sequences[variant].append(np.asarray(npz[key], dtype=float).ravel())
-    out = {}
-    for variant, drives in sequences.items():
-        signed = np.concatenate(drives)
-        frames = np.abs(signed)
-        out[variant] = {MEAN: float(frames.mean()), **{f"q{q}": float(np.quantile(frames, q)) for q in quantiles},
-                        BIAS: float(abs(signed.mean())),
-                        **{f"slow{w}": float(np.abs(np.concatenate([_slow(d, w) for d in drives])).mean())
-                           for w in windows}}
-    return out
+        for key in sorted(npz.files, key=lambda k: (k.rsplit("/", 1)[0], int(k.rsplit("/", 1)[1]))):
+            where, kind, _ = key.rsplit("/", 2)
+            variant, _, stratum = where.partition("/")  # "<variant>/..." on-policy, "<variant>/<stratum>/..."
+            drives[variant, stratum][kind].append(np.asarray(npz[key], dtype=float).ravel())
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for (variant, stratum), kinds in drives.items():
+        stats = _statistics(kinds["residual"], kinds["truth"], quantiles, windows)
+        out[variant].update({(f"{stratum}:{k}" if stratum else k): v for k, v in stats.items()
+                             if not (stratum and k.startswith("slow"))})
+    return dict(out)
 
 
 def separation(configs: list[dict], value) -> float | None:
@@ -99,7 +117,7 @@ def main() -> None:
     continuous = [nn for nn, kind in metrics.items() if not is_class_metric(kind)]
     quantiles = [float(q) for q in args.quantiles.split(",")]
     windows = [int(w) for w in args.windows.split(",")]
-    statistics = [MEAN, *(f"q{q}" for q in quantiles), BIAS, *(f"slow{w}" for w in windows)]
+    statistics = [MEAN, *(f"q{q}" for q in quantiles), BIAS, ATTENUATION, *(f"slow{w}" for w in windows)]
 
     folders = []
     for folder in args.closed_loop:
@@ -109,6 +127,10 @@ def main() -> None:
     reference_stats = {}
     for _, _, references, tails in folders:
         reference_stats.update({nn: tails[name] for nn, name in references.items() if name in tails})
+    # statistics of the stress strata, where every folder's variants have them (sets recorded since cropfollow-seed2)
+    strata = [k for k in next(iter(reference_stats.values()), {}) if ":" in k
+              and all(k in t for _, _, _, tails in folders for t in tails.values())]
+    statistics += strata
     missing = [nn for nn in continuous if nn not in reference_stats]
     if missing:
         raise SystemExit(f"no folder holds the reference variant's residuals of {', '.join(missing)}")

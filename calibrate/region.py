@@ -281,13 +281,23 @@ class ErrorRegion:
         return float(self.model.predict_proba(self._unit(errors, margin)[None])[0])
 
     def errors_of(self, residuals: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """The point of this space that NNs with these residuals (estimate - truth) sit at."""
+        """The point of this space that NNs with these residuals (estimate - truth; confusion codes for a detector)
+        sit at. A detector is placed by both its error kinds in the proportion its calibrated error model injected
+        them (:func:`~qaopt.app_spec.nn_errors.class_coordinate`)."""
         out = {}
         for a in self.space.axes:
             if a.nn not in residuals:
                 raise CalibrationError(f"residuals: NN '{a.nn}' is calibrated but has no residuals")
-            out[a.name] = error_coordinate(a.component, self.metrics.get(a.nn, "l1"), residuals[a.nn])
+            out[a.name] = error_coordinate(a.component, self.metrics.get(a.nn, "l1"), residuals[a.nn],
+                                           self.class_ratio(a.nn))
         return out
+
+    def class_ratio(self, nn: str) -> float | None:
+        """The other error kind's rate per declared one that calibration injected into detector ``nn`` (its confusion
+        model's ``ratio``, as ``info["error_models"]`` records it); ``None`` for a regression NN or a region saved
+        without its error models."""
+        model = self.info.get("error_models", {}).get(nn) or {}
+        return model.get("ratio") if model.get("model") == "confusion" else None
 
     def certified_share(self, samples: int = 4096) -> float:
         """The share of the error space (its unit cube, by a Sobol sample) that is certified valid."""

@@ -18,6 +18,7 @@ from qaopt.app_spec.nn_errors import (
     MISS,
     TRUE_NEGATIVE,
     TRUE_POSITIVE,
+    class_coordinate,
     confusion_codes,
     error_coordinate,
     error_metric,
@@ -31,6 +32,7 @@ from qaopt.calibrate.confusion import (
     burst_statistics,
     chain_probabilities,
 )
+from qaopt.calibrate import ErrorRegion
 from qaopt.calibrate.error_features import measure_features
 from qaopt.calibrate.error_models import (
     CALIBRATED_METRICS,
@@ -65,6 +67,21 @@ def test_codes_and_rates():
     assert error_metric("miss_rate", np.array([[0.0, 3.0], [0.0, 0.0]])) == 0.0
     assert error_metric("false_alarm_rate", np.array([])) == 0.0
     assert error_coordinate("metric", "miss_rate", codes) == pytest.approx(1 / 3)
+
+
+def test_a_detector_sits_where_the_injected_errors_cover_both_its_kinds():
+    """The calibration injects ``ratio * m`` of the other kind at a miss rate ``m``: a detector that misses little but
+    raises many false alarms sits where the injected false alarms reach its own."""
+    assert class_coordinate(0.01, 0.002, 0.5) == 0.01  # within what the injected point at its miss rate raised
+    assert class_coordinate(0.01, 0.02, 0.5) == pytest.approx(0.04)
+    assert class_coordinate(0.01, 0.9, 0.5) == 1.0  # a rate is at most 1
+    assert class_coordinate(0.01, 0.001, 0.0) == 1.0  # none of the kind was injected: nothing charted covers it
+    assert class_coordinate(0.01, 0.0, 0.0) == 0.01
+    assert class_coordinate(0.01, 0.02, None) == 0.01  # no calibrated ratio known: the declared rate alone
+    codes = np.array([TRUE_POSITIVE] * 99 + [MISS] + [TRUE_NEGATIVE] * 90 + [FALSE_ALARM] * 10)
+    assert error_coordinate("metric", "miss_rate", codes) == pytest.approx(0.01)
+    assert error_coordinate("metric", "miss_rate", codes, ratio=0.5) == pytest.approx(0.2)
+    assert error_coordinate("metric", "false_alarm_rate", codes, ratio=0.5) == pytest.approx(0.1)  # misses: 0.02
 
 
 def test_class_metrics_refuse_residuals_and_bias_sigma():
@@ -304,6 +321,17 @@ def test_calibration_over_three_nns_with_a_detector(tmp_path, monkeypatch):
     assert region.contains_unit(np.array([[0.0, 0.0, 0.0]]))[0]
     assert not region.contains({"a": 0.0, "b": 0.0, "stop": region.space.axes[2].max})
     assert region.probability({"a": 0.0, "b": 0.0, "stop": 0.1}) < region.probability({"a": 0.0, "b": 0.0, "stop": 0.0})
+
+    # a detector is placed by both its error kinds, in the proportion the calibration injected them (saved with it)
+    ratio = region.info["error_models"]["stop"]["ratio"]
+    assert ratio > 0 and ErrorRegion.load(folder / "region.json").class_ratio("stop") == ratio
+    assert region.class_ratio("a") is None
+    rng = np.random.default_rng(0)
+    regression = {"a": rng.normal(0, 0.01, 200), "b": rng.normal(0, 0.01, 200)}
+    alarms = np.array([TRUE_POSITIVE] * 200 + [TRUE_NEGATIVE] * 160 + [FALSE_ALARM] * 40)  # no miss, 20 % false alarms
+    assert region.errors_of({**regression, "stop": alarms})["stop"] == pytest.approx(min(1.0, 0.2 / ratio))
+    quiet = np.array([TRUE_POSITIVE] * 190 + [MISS] * 10 + [TRUE_NEGATIVE] * 200)
+    assert region.errors_of({**regression, "stop": quiet})["stop"] == pytest.approx(0.05)
 
 
 def test_the_reference_detector_is_measured_in_codes_and_fitted(tmp_path):

@@ -18,6 +18,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter  # noqa: E402
 
 from qaopt.agnostic import AGNOSTIC_STUDY_PREFIX  # noqa: E402
 from qaopt.app_spec import store  # noqa: E402
+from qaopt.app_spec.nn_errors import is_class_metric  # noqa: E402
 from qaopt.tolerance import Tolerance  # noqa: E402
 from qaopt.approx import Knobs, describe  # noqa: E402
 from qaopt.approx.passes import knob_owners, passes  # noqa: E402
@@ -81,6 +82,12 @@ STRESS_NOTE = (
     "the chosen NNs' own. The reference NNs err on the strata:")
 
 
+DETECTOR_NOTE = (
+    "A detector's coordinate counts both its error kinds (docs/calibration.md, \"Where a candidate detector sits\"): "
+    "calibration injected the other kind at the reference's ratio to the declared one, so a detector sits at the larger "
+    "of its declared rate and its other rate over that ratio, and may sit above its own {metric}.")
+
+
 def _strata_table(strata: dict[str, dict[str, float]]) -> str:
     names = list(dict.fromkeys(s for errors in strata.values() for s in errors))
     rows = ["| NN | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -137,6 +144,10 @@ def write_report(result: Result, run_dir: Path) -> Path:
         lines += [f"Region: {result.region_note}.", ""]
     if result.stress_strata:
         lines += [STRESS_NOTE, "", _strata_table(result.stress_strata), ""]
+    detectors = sorted({nn.metric for config in (result.aware, result.agnostic, result.reference) if config is not None
+                        for nn in config.nns.values() if is_class_metric(nn.metric)})
+    if detectors:
+        lines += [DETECTOR_NOTE.format(metric=" or ".join(m.replace("_", " ") for m in detectors)), ""]
     finals = [*result.validations, *(v for v in (result.acceptance, result.agnostic_validation) if v is not None)]
     lines += ["## Closed-loop validation", "", SEEDS_NOTE, "", _validation_table(finals), ""]
     if finals:

@@ -326,6 +326,21 @@ def test_the_report_says_why_the_aware_choice_is_the_reference_nns(tiny_run, tmp
             "closed-loop runs (the validation table).") in text
 
 
+def test_the_report_says_how_a_detector_is_placed_only_where_one_is_calibrated(tiny_run, tmp_path):
+    """A detector's coordinate may exceed its miss rate (its false alarms count too): the report says so where one is."""
+    from qaopt.report import write_report
+
+    _, result = tiny_run
+    plain = write_report(result.model_copy(update={"run_dir": tmp_path, "artifacts": {}}), tmp_path).read_text()
+    assert "A detector's coordinate counts both its error kinds" not in plain
+    nn = next(iter(result.reference.nns))
+    detector = result.reference.model_copy(update={"nns": {
+        **result.reference.nns, nn: result.reference.nns[nn].model_copy(update={"metric": "miss_rate"})}})
+    text = write_report(result.model_copy(update={"reference": detector, "run_dir": tmp_path, "artifacts": {}}),
+                        tmp_path).read_text()
+    assert "A detector's coordinate counts both its error kinds" in text and "its own miss rate." in text
+
+
 def test_killed_run_resumes_without_repeating_finished_trials(tmp_path, monkeypatch):
     spec = _spec(tmp_path / "killed")
     db = tmp_path / "killed" / "runs" / "study.db"

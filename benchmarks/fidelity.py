@@ -182,32 +182,37 @@ def pipeline(configs: list[dict], region_valid: dict | None, goal, test) -> dict
 
     The model of the path: the configurations other than the reference pair are taken cheapest first (frame MACs, a
     latency proxy that needs no target), those the region rejects skipped (``region_valid`` ``None``: no region, every
-    one is run); each runs closed-loop as the product runs it, its first block being the check during the search and
-    the rest validation on the same seeds (:func:`qaopt.closed_loop.replay`, the product's stop rule, on the recorded
-    runs in seed order), until one is valid. A configuration whose check (first block) passed and whose validation
-    then did not end valid reached validation and failed there. Acceptance on fresh seeds, the same for every path,
-    is not counted. Needs per-run records and MACs (``benchmarks/fidelity_closed_loop.py`` writes both since the
-    set ``cropfollow-seed1``); an older set says so instead.
+    one is run); each runs closed-loop as the product runs it, its check during the search one block and the rest
+    validation on the same seeds (:func:`qaopt.closed_loop.replay`, the product's stop rule, on the recorded runs),
+    until one is valid. The check runs the first block of seeds; validation then runs first the blocks holding a seed
+    an earlier configuration failed (the product's ``first_seeds``). A configuration whose check passed and whose validation then did not end valid reached validation and failed
+    there. Acceptance on fresh seeds, the same for every path, is not counted. Needs per-run records and MACs
+    (``benchmarks/fidelity_closed_loop.py`` writes both since the set ``cropfollow-seed1``); an older set says so
+    instead.
     """
     from qaopt.calibrate import Verdict
-    from qaopt.closed_loop import replay
+    from qaopt.closed_loop import replay, validation_blocks
 
     lacking = [c["id"] for c in configs if "qos" not in c or c["macs"] is None]
     if lacking:
         return {"scored": False, "why": f"configurations {lacking} have no per-run records or MACs (recorded before "
                                         "the closed-loop script kept them)"}
     order = sorted((c for c in configs if not c["reference"]), key=lambda c: (c["macs"], c["id"]))
-    spent, failed_in_validation, accepted = 0, [], None
+    spent, failed_in_validation, accepted, failed_seeds = 0, [], None, {}
     for c in order:
         if region_valid is not None and not region_valid[c["id"]]:
             continue
         passed = [goal.passes(q) for q in c["qos"]]
-        runs, _, verdict = replay(passed, test, len(passed))
+        first = [0, *failed_seeds]  # the check's block, then the failed scenes' blocks
+        blocks = validation_blocks(len(passed), test.min_trials, 0, first=first)
+        runs, _, verdict = replay(passed, test, len(passed), first=first)
         spent += runs
+        failed_seeds.update(dict.fromkeys(i for i in [i for b in blocks for i in b][:runs] if not passed[i]))
+        check = blocks[0]
         if verdict == Verdict.VALID:
             accepted = c
             break
-        if all(passed[:test.min_trials]):
+        if all(passed[i] for i in check):
             failed_in_validation.append(c["id"])
     cheaper_valid_skipped = [c["id"] for c in order if accepted is not None and c["macs"] < accepted["macs"]
                              and c["verdict"] == "valid" and region_valid is not None and not region_valid[c["id"]]]

@@ -109,12 +109,13 @@ def validation_power(test: AcceptanceTest, runs: int, rates: Sequence[float] = P
                            accept_probability={f"{r:g}": round(acceptance_probability(test, runs, r), 4) for r in rates})
 
 
-def replay(passed: Sequence[bool], test: AcceptanceTest, runs: int) -> tuple[int, int, Verdict]:
+def replay(passed: Sequence[bool], test: AcceptanceTest, runs: int,
+           first: Collection[int] = ()) -> tuple[int, int, Verdict]:
     """What :func:`validate_closed_loop` decides on recorded runs (``passed``, in seed order), without running them:
-    the runs it would spend, their failures, the verdict. Scores the closed-loop checks offline on recorded ground
-    truth (``benchmarks/fidelity.py``)."""
+    the runs it would spend, their failures, the verdict; ``first`` are run indices whose blocks run first (its
+    ``first_seeds``). Scores the closed-loop checks offline on recorded ground truth (``benchmarks/fidelity.py``)."""
     rule, done, failures = StopRule(test, runs), 0, 0
-    for seeds in validation_blocks(min(runs, len(passed)), test.min_trials, 0):
+    for seeds in validation_blocks(min(runs, len(passed)), test.min_trials, 0, first=first):
         done += len(seeds)
         failures += sum(not passed[s] for s in seeds)
         if rule.after(failures, done)[1]:

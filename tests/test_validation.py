@@ -97,14 +97,17 @@ def test_too_few_runs_to_accept_still_run_all_unless_proven_invalid():
     assert (v.runs, v.failures, v.verdict) == (6, 1, "undecided")
 
 
-@pytest.mark.parametrize(("failing", "runs"), [(set(), 50), ({100 + 9}, 50), ({100}, 6), ({100, 130}, 48), (set(), 6)])
-def test_replay_decides_as_the_runs_did(failing, runs):
-    """Scoring recorded ground truth offline (benchmarks/fidelity.py) spends and decides exactly what running would."""
+@pytest.mark.parametrize(("failing", "runs", "first"), [(set(), 50, ()), ({100 + 9}, 50, ()), ({100}, 6, ()),
+                                                      ({100, 130}, 48, ()), (set(), 6, ()), ({130, 131}, 48, (30,)),
+                                                      ({130, 131}, 48, (0, 30))])
+def test_replay_decides_as_the_runs_did(failing, runs, first):
+    """Scoring recorded ground truth offline (benchmarks/fidelity.py) spends and decides exactly what running would,
+    the blocks holding ``first`` run first."""
     spec = _spec()
     v = validate_closed_loop(ScriptedApp(failing=failing), {}, goal_of(spec), acceptance_of(spec), runs, trial=1,
-                             region_predicted_valid=True, seed_base=100)
+                             region_predicted_valid=True, seed_base=100, first_seeds=[100 + i for i in first])
     passed = [100 + i not in failing for i in range(runs)]
-    assert replay(passed, acceptance_of(spec), runs) == (v.runs, v.failures, Verdict(v.verdict))
+    assert replay(passed, acceptance_of(spec), runs, first) == (v.runs, v.failures, Verdict(v.verdict))
 
 
 def test_an_evaluator_without_closed_loop_runs_is_named():

@@ -44,6 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 LOG_LINE = re.compile(r"\] (?P<name>[\w-]+): on-policy L1 (?P<on>[\d.e-]+), dataset L1 (?P<ds>[\d.e-]+)")
 DATASET_COORDINATES = "@dataset"
 STRESSED = "+stress"
+DECLARED_RATE = "@miss-rate-alone"
+"""The model name suffix of a region scored with each detector at its declared rate alone (the product before
+session 43), beside the product's placement by both error kinds."""
 BASES = ("on_policy", "dataset")
 LOG_REFERENCE = {"heading": "h-ref", "distance": "d-ref"}
 """The reference variants of a CropFollow set recorded before ``variants.json`` (its log names no NN or knobs)."""
@@ -151,22 +154,22 @@ def reach(region, reference: dict) -> dict:
     return out
 
 
-def placed(region, config: dict, coordinates: str) -> dict[str, float]:
+def placed(region, config: dict, coordinates: str, both_kinds: bool = True) -> dict[str, float]:
     """The configuration's point in ``coordinates`` as the product places it in ``region``: a detector on on-policy
     codes by both its error kinds, in the proportion the region's error model injected them
-    (:func:`qaopt.app_spec.nn_errors.class_coordinate`)."""
+    (:func:`qaopt.app_spec.nn_errors.class_coordinate`; ``both_kinds`` false: at its declared rate alone)."""
     from qaopt.app_spec.nn_errors import class_coordinate
 
     point = dict(config["points"][coordinates])
-    if coordinates.startswith("on_policy"):
+    if both_kinds and coordinates.startswith("on_policy"):
         for nn, other in config.get("other_rates", {}).items():
             point[nn] = class_coordinate(point[nn], other, region.class_ratio(nn))
     return point
 
 
-def score(region, configs: list[dict], coordinates: str) -> dict:
+def score(region, configs: list[dict], coordinates: str, both_kinds: bool = True) -> dict:
     decided = [c for c in configs if c["verdict"] != "undecided"]
-    said = {c["id"]: bool(region.contains(placed(region, c, coordinates))) for c in configs}
+    said = {c["id"]: bool(region.contains(placed(region, c, coordinates, both_kinds))) for c in configs}
     agree = [said[c["id"]] == (c["verdict"] == "valid") for c in decided]
     return {
         "decided": len(decided),
@@ -258,6 +261,10 @@ def main() -> None:
                          "reach": reach(region, reference["on_policy"])}
         print(f"{model}: {models[model]['agreement']} agreement, {models[model]['false_valid']} false-valid, "
               f"{cost['simulator_runs']} simulator runs, {cost['seconds']} s", flush=True)
+    if "ar1" in regions and any(c.get("other_rates") for c in configs):  # detectors placed as before session 43
+        models["ar1" + DECLARED_RATE] = {**score(regions["ar1"], configs, "on_policy", both_kinds=False),
+                                         **{k: models["ar1"][k] for k in ("simulator_runs", "evaluations", "seconds",
+                                                                          "closed_loop_runs", "reach")}}
     if "ar1" in regions:  # the same region in other coordinates: dataset drives (the shipped example's), stress strata
         stressed = all("on_policy" + STRESSED in c["points"] for c in configs)
         for name, coordinates in (("ar1" + DATASET_COORDINATES, "dataset"), ("ar1" + STRESSED, "on_policy" + STRESSED),

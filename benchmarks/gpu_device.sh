@@ -66,6 +66,12 @@
 #            $QAOPT_FIDELITY_ONLY (default all), every NN variant fine-tuned on the GPU under seed $QAOPT_FIDELITY_SEED
 #            (default 0), 48 closed-loop runs a configuration on the cores, in the background into $BG/fidelity (poll;
 #            progress and collect bring $OUT/fidelity.tgz: its log, variants, residuals and finished configurations)
+#   scene-errors  benchmarks/fidelity_scene_errors.py on each fidelity set of $QAOPT_SCENE_SETS (default
+#            "seed2 seed1", folders of docs/benchmarks/fidelity_device/) in turn, in the background into
+#            $BG/scene-errors/<set> (poll; progress and collect bring $OUT/scene-errors.tgz): each set's variants
+#            rebuilt on the GPU and checked against the bytes that ran closed-loop, measured on drives through the
+#            set's closed-loop seeds and through fresh looks; $QAOPT_SCENE_ARGS are passed on (e.g. "--steps 0
+#            --steered 8,10": those configurations' failed runs driven again, every frame's outputs kept)
 #   scenes   benchmarks/scene_failures.py on the real result's state (the running one's, else the carried
 #            snapshot) with the same spec fields and --reference: which selection seeds the validated configurations'
 #            real NNs failed, whether perfect NNs, their injected errors and the reference NNs fail them too
@@ -84,7 +90,7 @@ RUN=examples/runs/cropfollow-gpu
 BG=/tmp/qaopt-gpu-bg
 # A default run, or the latency step that follows it. The brackets keep pgrep from matching a command line that only
 # names the pattern (the device call's own shell, a poll loop's).
-RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency|[r]eal_result.py|[m]erge_distillation.py|[f]idelity_closed_loop.py"
+RUNNING="[q]aopt optimize|[g]pu.py (default|latency|reference)|[g]pu_device.sh quick latency|[r]eal_result.py|[m]erge_distillation.py|[f]idelity_closed_loop.py|[f]idelity_scene_errors.py"
 TVM_SITE=/tmp/tvm-site OV_SITE=/tmp/ov-site
 # TVM and OpenVINO, where tvm-install and ov-install put them (the machine's Python has neither: they come carried).
 [ -d "$TVM_SITE/tvm" ] && export PYTHONPATH=$TVM_SITE${PYTHONPATH:+:$PYTHONPATH}
@@ -190,6 +196,10 @@ for step in "$@"; do
       if [ -f "$BG/fidelity.log" ]; then
         echo "== fidelity"; tail -c 1500 "$BG/fidelity.log" | tail -12
         tar czf "$OUT/fidelity.tgz" -C "$BG" fidelity fidelity.log
+      fi
+      if [ -f "$BG/scene-errors.log" ]; then
+        echo "== scene-errors"; tail -c 1500 "$BG/scene-errors.log" | tail -12
+        tar czf "$OUT/scene-errors.tgz" -C "$BG" scene-errors scene-errors.log
       fi
       if [ -f "$BG/real.log" ]; then
         echo "== real"; tail -c 1500 "$BG/real.log" | tr '\r' '\n' | tail -12
@@ -301,6 +311,14 @@ for step in "$@"; do
         >> "$BG/fidelity.log" 2>&1 < /dev/null &
       echo "fidelity: started (${QAOPT_FIDELITY_ONLY:-every configuration}, variant seed ${QAOPT_FIDELITY_SEED:-0})"
       ;;
+    scene-errors)
+      mkdir -p "$BG/scene-errors"
+      sets="${QAOPT_SCENE_SETS:-seed2 seed1}"
+      setsid nohup bash -c 'for set in $0; do "$1" benchmarks/fidelity_scene_errors.py --closed-loop \
+          "docs/benchmarks/fidelity_device/$set" --device cuda --workers "$(nproc)" --cache-dir "$2/fidelity-cache" \
+          --out "$2/scene-errors/$set" $3; done' "$sets" "$PY" "$BG" "${QAOPT_SCENE_ARGS:-}" >> "$BG/scene-errors.log" 2>&1 < /dev/null &
+      echo "scene-errors: started ($sets)"
+      ;;
     scenes)
       real_sets
       state="$BG/real/state.tar.gz"; [ -f "$state" ] || state=.device-snapshots/real-state.tar.gz
@@ -310,6 +328,6 @@ for step in "$@"; do
       ;;
     *) echo "unknown step '$step' (install, tests, quick, quick-bg, wait, latency, default-compact, default-resnet18,"\
             "progress, poll, restore, wait-default, collect, latency-compact, latency-resnet18, tvm-part, tvm-install,"\
-            "reference-tvm, ov-install, real, scenes, merge-resnet18, merge-adapt, fidelity)"; exit 2 ;;
+            "reference-tvm, ov-install, real, scenes, merge-resnet18, merge-adapt, fidelity, scene-errors)"; exit 2 ;;
   esac
 done

@@ -29,7 +29,7 @@ _EXPORTS = {
     "blocks": ("BlockCache", "run_blocks"),
     "calibration": ("Calibration", "Progress"),
     "certifiers": ("CERTIFIERS", "Certifier", "ValidityModel", "register_certifier", "unregister_certifier"),
-    "error_models": ("AR1", "ERROR_MODELS", "Empirical", "ErrorModel", "ErrorModelType", "Gaussian", "make_error_model",
+    "error_models": ("AR1", "AR1Profile", "ERROR_MODELS", "Empirical", "ErrorModel", "ErrorModelType", "Gaussian", "make_error_model",
                      "register_error_model", "unregister_error_model"),
     "errors": ("CalibrationError",),
     "protocols": ("Application", "Injector", "Perception", "QoSEvaluator", "Recorder", "Recording"),

@@ -8,6 +8,8 @@ way:
 
 - ``gaussian``: independent Gaussian noise per frame, as in ApproxCaliper;
 - ``ar1``: Gaussian AR(1) noise, whose consecutive frames err alike;
+- ``ar1-profile``: AR(1) noise fitted to the reference NN, plus the reference's own bias where the
+  true value is off-nominal (far from the row's centre), injected at every point;
 - ``empirical``: a real NN's residuals resampled in blocks;
 - ``shaped``: a real NN's error features (:mod:`qaopt.calibrate.error_features`:
   bias, truth dependence, correlation time, bursts) reproduced by a parametric
@@ -277,6 +279,100 @@ class AR1(Gaussian):
             bias_ratio=float(r.mean() / sd) if sd > 0 else 0.0,
             correlation_steps=-1.0 / math.log(rho) if rho > 0 else 1e-3,
         )
+
+
+NOMINAL_SHARE = 0.8
+"""``ar1-profile``: the central share of the error data's true values, where the reference NN errs at its nominal
+bias; beyond it the reference's own bias per truth bin is injected on top of the point's errors."""
+PROFILE_QUANTILES = (0.0, 0.01, 0.03, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97, 0.99, 1.0)
+"""``ar1-profile``: edges of the truth bins its off-nominal bias is measured in, finer where true values are rare."""
+MIN_PROFILE_FRAMES = 3
+"""``ar1-profile``: frames a truth bin needs for its bias to count (fewer: the bin is left out)."""
+
+
+@dataclass
+class ProfileInjector:
+    """A point's AR(1) errors plus the reference NN's off-nominal bias at each frame's true value."""
+
+    noise: GaussianInjector
+    centres: np.ndarray
+    excess: np.ndarray
+
+    def __call__(self, truth: np.ndarray, rng: np.random.Generator, t: int) -> np.ndarray:
+        truth = np.asarray(truth, dtype=float)
+        return self.noise(truth, rng, t) + np.interp(truth, self.centres, self.excess)
+
+
+def off_nominal_bias(residuals: Sequence[np.ndarray], truths: Sequence[np.ndarray]
+                     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(bin centres, bias beyond the nominal band) of an NN's residuals by true value (``ar1-profile``).
+
+    The true values are binned at :data:`PROFILE_QUANTILES`; a bin whose centre lies outside the central
+    :data:`NOMINAL_SHARE` of them keeps its mean residual less the nominal band's, the others 0."""
+    e = np.concatenate([np.asarray(r, dtype=float).ravel() for r in residuals])
+    x = np.concatenate([np.asarray(t, dtype=float).ravel() for t in truths])
+    if e.shape != x.shape or not e.size:
+        raise CalibrationError(f"the true values ({x.size}) must pair with the residuals ({e.size}) one to one")
+    centre = float(np.median(x))
+    width = float(np.quantile(np.abs(x - centre), NOMINAL_SHARE))
+    nominal = float(e[np.abs(x - centre) <= width].mean())
+    edges = np.quantile(x, PROFILE_QUANTILES)
+    bins = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2)
+    centres, excess = [], []
+    for i in range(len(edges) - 1):
+        inside = bins == i
+        if inside.sum() >= MIN_PROFILE_FRAMES:
+            c = float(np.median(x[inside]))
+            centres.append(c)
+            excess.append(float(e[inside].mean()) - nominal if abs(c - centre) > width else 0.0)
+    return tuple(centres), tuple(excess)
+
+
+@register_error_model
+@dataclass(frozen=True)
+class AR1Profile(AR1):
+    """AR(1) errors fitted to the reference NN, plus the reference's own bias where the true value is off-nominal.
+
+    Measured on CropFollow (docs/BENCHMARKS.md, "Fidelity, session 44"), real NNs fail the closed loop in
+    excursions: a few seconds a run far from the row's centre, where the reference distance NN itself reads the
+    robot nearer the centre than it is (0.48 of the row spacing at the far edge). Errors injected the same
+    everywhere let the simulated robot see perfectly out there, so a region charted with them reaches errors the
+    real NNs do not survive. This model injects, at every point, the reference's off-nominal bias
+    (:func:`off_nominal_bias`: zero over the central :data:`NOMINAL_SHARE` of the true values) on top of AR(1)
+    errors whose bias ratio and correlation time are the reference's own (``ar1``'s defaults are zero and 5
+    frames); the point's level sets the AR(1) part's size. Fitted to the reference's residuals on the error data,
+    which must then cover off-nominal states (``calibration.error_data.source: dataset``: drives that wander). A
+    detector's flips come in bursts as long as the reference's, fitted to its confusion codes.
+    """
+
+    centres: tuple[float, ...] = ()
+    excess: tuple[float, ...] = ()
+
+    name: ClassVar[str] = "ar1-profile"
+    needs_residuals: ClassVar[bool] = True
+    detector_bursts: ClassVar[float | None] = None
+
+    def injector(self, setting: Mapping[str, float]) -> Injector:
+        noise = super().injector(setting)
+        if not self.centres:
+            return noise
+        return ProfileInjector(noise, np.asarray(self.centres), np.asarray(self.excess))
+
+    def config(self) -> dict:
+        return {**super().config(), "centres": list(self.centres), "excess": list(self.excess)}
+
+    @classmethod
+    def fit(cls, residuals: Sequence[np.ndarray], metric: str = "l1",
+            truths: Sequence[np.ndarray] | None = None) -> AR1Profile:
+        """AR(1) fitted as :meth:`AR1.fit` does, and the off-nominal bias of ``residuals`` against ``truths``."""
+        if truths is None:
+            raise CalibrationError(
+                "'ar1-profile' needs the true values beside the reference NN's residuals, to know where it errs "
+                "off-nominal; measure the error data with its truths or use 'ar1'")
+        noise = AR1.fit(residuals, metric)
+        centres, excess = off_nominal_bias(residuals, truths)
+        return cls(metric=metric, bias_ratio=noise.bias_ratio, correlation_steps=noise.correlation_steps,
+                   centres=centres, excess=excess)
 
 
 class BlockBootstrapInjector:

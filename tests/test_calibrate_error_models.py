@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from qaopt.app_spec.nn_errors import error_metric
-from qaopt.calibrate import AR1, CalibrationError, Empirical, Gaussian, make_error_model
+from qaopt.app_spec.hashing import content_hash
+from qaopt.calibrate import AR1, AR1Profile, CalibrationError, Empirical, Gaussian, make_error_model
 
 
 def _run(injector, steps: int, batch: int, seed: int = 0) -> np.ndarray:
@@ -90,9 +91,53 @@ def test_bad_models_are_clear_errors():
         Empirical([np.ones(10) * 0.1 + np.arange(10)]).injector({"bias": 1.0, "sigma": 1.0})
     with pytest.raises(CalibrationError, match="residual"):
         make_error_model("empirical", "l1")
-    with pytest.raises(CalibrationError, match="no error model named 'laplace'; registered: gaussian, ar1, empirical"):
+    with pytest.raises(CalibrationError, match="no error model named 'laplace'; registered: gaussian, ar1, ar1-profile, empirical"):
         make_error_model("laplace", "l1")
     with pytest.raises(CalibrationError, match="NaN"):
         Empirical([np.array([0.1, np.nan, 0.2])])
     with pytest.raises(CalibrationError, match="all zero"):
         Empirical([np.zeros(10)])
+
+
+def _blind_reference(seed: int = 2) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Residual and truth sequences of a reference NN that errs as AR(1) noise near the centre and reads true values
+    beyond 0.5 nearer the centre than they are (the CropFollow distance NN's blindness near the row)."""
+    rng = np.random.default_rng(seed)
+    residuals, truths = [], []
+    for _ in range(40):
+        x, e = np.zeros(300), np.zeros(300)  # a drive that wanders (true values about 0 +- 0.4)
+        for t in range(1, 300):
+            x[t] = 0.98 * x[t - 1] + 0.08 * rng.standard_normal()
+            e[t] = 0.8 * e[t - 1] + 0.6 * rng.standard_normal()
+        residuals.append(0.1 * e - 0.8 * np.clip(np.abs(x) - 0.5, 0, None) * np.sign(x))
+        truths.append(x)
+    return residuals, truths
+
+
+def test_ar1_profile_injects_the_reference_bias_off_nominal_and_the_point_s_noise_everywhere():
+    residuals, truths = _blind_reference()
+    model = make_error_model("ar1-profile", "l1", residuals, truths)
+    assert isinstance(model, AR1Profile)
+    fitted = AR1.fit(residuals)  # the AR(1) part is the reference's own, not ar1's default of 5 frames
+    assert (model.bias_ratio, model.correlation_steps) == (fitted.bias_ratio, fitted.correlation_steps)
+    assert np.exp(-1 / model.correlation_steps) > 0.75
+    centres, excess = np.array(model.centres), np.array(model.excess)
+    assert np.all(excess[np.abs(centres) < 0.3] == 0.0)  # nominal states: no excess
+    assert excess[np.argmax(centres)] < -0.05 and excess[np.argmin(centres)] > 0.05  # reads the edges nearer 0
+    rng = np.random.default_rng(0)
+    injector = model.injector({"metric": 0.3})
+    truth = np.concatenate([np.zeros(500), np.full(500, centres.max())])
+    errors = np.array([injector(truth, rng, t) - truth for t in range(400)])
+    sigma = model.parameters({"metric": 0.3})[1]
+    assert errors[:, :500].mean() == pytest.approx(model.bias_ratio * sigma, abs=0.03)
+    assert errors[:, 500:].mean() - errors[:, :500].mean() == pytest.approx(excess[np.argmax(centres)], abs=0.03)
+    assert error_metric("l1", errors[:, :500]) == pytest.approx(0.3, rel=0.05)  # the level sets the AR(1) part
+    assert content_hash(model.config())  # its identity keys the cached runs
+
+
+def test_ar1_profile_needs_the_truths_and_says_so():
+    residuals, _ = _blind_reference()
+    with pytest.raises(CalibrationError, match="true values.*or use 'ar1'"):
+        make_error_model("ar1-profile", "l1", residuals)
+    with pytest.raises(CalibrationError, match="residual"):
+        make_error_model("ar1-profile", "l1")

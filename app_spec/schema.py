@@ -529,7 +529,7 @@ class CalibrationSpec(Section):
     seed: int = Field(0, ge=0, lt=2**32, description=(
         "seeds the calibration's runs: each point draws its own seeds from it; 0 <= seed < 2**32"))
     error_model: Name = Field("gaussian", description=(
-        "a registered error model (gaussian, ar1, empirical, shaped, or one added with "
+        "a registered error model (gaussian, ar1, ar1-profile, empirical, shaped, or one added with "
         "qaopt.calibrate.register_error_model): how an NN's injected errors look"))
     error_data: ErrorDataSpec = Field(default_factory=ErrorDataSpec)
     space: list[Axis] = Field(min_length=1, max_length=32)

@@ -111,7 +111,7 @@ def test_an_error_model_registered_by_a_plugin_calibrates(plugins, tmp_path):
 def test_an_error_model_without_its_plugin_is_a_located_error(plugins, tmp_path):
     path = tmp_path / "app.yaml"
     text = _located(path, "error_model", lambda d: d["calibration"].update(error_model="uniform"))
-    assert "calibration.error_model: no error model named 'uniform'; registered: gaussian, ar1, empirical, shaped" \
+    assert "calibration.error_model: no error model named 'uniform'; registered: gaussian, ar1, ar1-profile, empirical, shaped" \
         in text and "plugins: [module]" in text
 
 

@@ -86,6 +86,8 @@ def record(app: str, result_path: Path) -> dict[str, Any]:
         "aware_ms": None if r.aware is None else r.aware.latency_ms,
         "agnostic_ms": None if r.agnostic is None else r.agnostic.latency_ms,
         "agnostic_unresolved": unresolved,
+        "aware_over_agnostic_by_point": r.speedups.aware_over_agnostic_by_point,
+        "agnostic_by_point_knobs": nns_of(r.agnostic_by_point),
         "goal": {"aware_over_agnostic": goal, "validation_runs": VALIDATION_RUNS, "agnostic_resolved": True},
         "goal_met": ratio is not None and ratio >= goal and validated and not any(
             u["data_needed"] <= PRACTICAL_DATA_FACTOR for u in unresolved.values()),

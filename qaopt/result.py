@@ -78,10 +78,13 @@ class Configuration(_Model):
         "each schedule's median frame (ms) as the side-by-side stage timed it, the frame's schedule the fastest; "
         "empty for a frame of one model, and in a result.json written before the stage timed every schedule"))
 
+    def candidate_keys(self) -> dict[str, str]:
+        """NN -> the key of the candidate it runs."""
+        return {n: c.candidate for n, c in self.nns.items()}
+
     def same_nns(self, other: Configuration) -> bool:
         """Whether both run the same candidates under the same schedule (a speedup between them can only be noise)."""
-        return self.schedule == other.schedule and ({n: c.candidate for n, c in self.nns.items()}
-                                                    == {n: c.candidate for n, c in other.nns.items()})
+        return self.schedule == other.schedule and self.candidate_keys() == other.candidate_keys()
 
 
 class Rebuilt(_Model):
@@ -308,14 +311,19 @@ class Speedups(_Model):
     aware: float | None = Field(None, description="reference latency / application-aware latency")
     agnostic: float | None = Field(None, description="reference latency / application-agnostic latency")
     aware_over_agnostic: float | None = Field(None, description="agnostic latency / aware latency")
+    aware_over_agnostic_by_point: float | None = Field(None, description=(
+        "agnostic_by_point latency / aware latency: the gain over a baseline whose NNs need only err inside their "
+        "bounds by their point errors (None where that baseline is the agnostic one)"))
     intervals: dict[str, SpeedupInterval] = Field(default_factory=dict, description=(
-        "each ratio's interval and verdict by its field name (aware, agnostic, aware_over_agnostic); "
-        "empty before result version 5"))
+        "each ratio's interval and verdict by its field name (aware, agnostic, aware_over_agnostic, "
+        "aware_over_agnostic_by_point); empty before result version 5"))
 
     @classmethod
-    def of(cls, reference: Configuration, aware: Configuration | None, agnostic: Configuration | None) -> Speedups:
-        """The three ratios of a run, each with its interval and verdict."""
-        pairs = {"aware": (reference, aware), "agnostic": (reference, agnostic), "aware_over_agnostic": (agnostic, aware)}
+    def of(cls, reference: Configuration, aware: Configuration | None, agnostic: Configuration | None,
+           agnostic_by_point: Configuration | None = None) -> Speedups:
+        """The ratios of a run, each with its interval and verdict."""
+        pairs = {"aware": (reference, aware), "agnostic": (reference, agnostic),
+                 "aware_over_agnostic": (agnostic, aware), "aware_over_agnostic_by_point": (agnostic_by_point, aware)}
         values = {name: slow.latency_ms / fast.latency_ms for name, (slow, fast) in pairs.items()
                   if slow is not None and fast is not None}
         intervals = {name: SpeedupInterval.of(slow, fast) for name, (slow, fast) in pairs.items()
@@ -502,6 +510,10 @@ class Result(_Model):
     reference: Configuration
     aware: Configuration | None = Field(None, description="the accepted application-aware configuration")
     agnostic: Configuration | None = Field(None, description="the best accuracy-preserving configuration")
+    agnostic_by_point: Configuration | None = Field(None, description=(
+        "the agnostic baseline with every trial inside its bounds by its point errors admitted (qaopt.agnostic): what "
+        "the tolerance test's validation data could not show within; not run closed-loop. None where it is the "
+        "agnostic configuration's NNs"))
     agnostic_tolerance: float | None = Field(None, description=(
         "before result version 6, the one relative bound every NN's point error was held to; now agnostic_rule"))
     agnostic_rule: AgnosticRule | None = Field(None, description=(

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from qaopt.agnostic import AGNOSTIC_STUDY_PREFIX, layouts, search_agnostic, units_of
+from qaopt.approx import Knobs
 from qaopt.events import Events
 from qaopt.measuring import MeasuredConfiguration, MeasuredNN, frame_models
 from qaopt.plan import BoundApplication, build_plan
@@ -21,7 +22,7 @@ from qaopt.result import Latency, NNChoice
 from qaopt.search import FixedRegion, SearchContext, open_storage
 from qaopt.spec import load_spec
 from qaopt.stages.region import calibrated_region
-from qaopt.tolerance import Tolerance
+from qaopt.tolerance import Judgement, Tolerance
 
 APPS = Path(__file__).resolve().parent / "apps"
 RATIOS = [round(0.05 * k, 2) for k in range(11)]
@@ -138,19 +139,24 @@ def test_the_aware_study_runs_the_agnostic_choice_as_one_of_its_trials(tmp_path,
         assert built == {n: c.candidate for n, c in chosen.nns.items()}
 
 
-def test_a_trial_only_the_test_rejected_is_reported_with_the_data_that_would_decide_it(tmp_path, monkeypatch):
-    """NN a's bound set between a pruning level's point excess and its upper bound: the baseline keeps NN a nearer the
-    reference, and the result names that trial, how much more validation data would decide it, and where to give it."""
-    from qaopt.result import AgnosticRule
-
+def _unresolved(tmp_path: Path, monkeypatch) -> tuple[ScriptedLatency, Judgement]:
+    """The toy with NN a's bound between its mildest pruning level's point excess and upper bound, and that level."""
     ctx = _context(tmp_path, monkeypatch)
     plan = ctx.plan
     space = plan.knob_spaces["a"]
     judged = [ctx.judgement("a", ctx.build("a", space.base(prune_ratio=r, seed=plan.seed))) for r in RATIOS[1:]]
     level = min((j for j in judged if j.excess > 0), key=lambda j: j.excess)
     bound = (level.excess + level.ucb) / 2 / level.reference
-    ctx = ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "a": Tolerance("l1", bound)}),
-                          ctx.nns, ctx.space)
+    return ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "a": Tolerance("l1", bound)}),
+                           ctx.nns, ctx.space), level
+
+
+def test_a_trial_only_the_test_rejected_is_reported_with_the_data_that_would_decide_it(tmp_path, monkeypatch):
+    """NN a's bound set between a pruning level's point excess and its upper bound: the baseline keeps NN a nearer the
+    reference, and the result names that trial, how much more validation data would decide it, and where to give it."""
+    from qaopt.result import AgnosticRule
+
+    ctx, _ = _unresolved(tmp_path, monkeypatch)
     storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
 
     found = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
@@ -167,6 +173,30 @@ def test_a_trial_only_the_test_rejected_is_reported_with_the_data_that_would_dec
     # Resumed, the trials' own records give the same report.
     again = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
     assert again.unresolved == found.unresolved
+
+
+def test_the_baseline_by_point_error_admits_what_only_the_test_rejected(tmp_path, monkeypatch):
+    """With NN a's bound between a pruning level's point excess and its upper bound, the baseline by point error runs
+    NN a pruned so (faster than the tested baseline); with a bound the level's upper bound meets, there is none."""
+    ctx, level = _unresolved(tmp_path, monkeypatch)
+    plan = ctx.plan
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+
+    found = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
+
+    point, tested = found.by_point, found.chosen
+    assert point is not None and tested is not None
+    assert point.latency_ms < tested.latency_ms and point.candidate_keys() != tested.candidate_keys()
+    for nn, choice in point.nns.items():  # every NN inside its bound by its point error, one only so
+        j = ctx.judgement(nn, ctx.build(nn, Knobs.model_validate(choice.knobs)))
+        assert j.excess <= j.allowed
+    assert any(not ctx.judgement(n, ctx.build(n, Knobs.model_validate(c.knobs))).within for n, c in point.nns.items())
+
+    wide = ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "a": Tolerance(
+        "l1", level.ucb / level.reference * 1.01)}), ctx.nns, ctx.space)
+    again = search_agnostic(wide, open_storage(f"sqlite:///{tmp_path / 'wide.db'}"), FixedRegion(ctx.space),
+                            Events().for_stage("agnostic search"))
+    assert again.by_point is None
 
 
 def test_an_unresolved_trial_past_any_practical_data_is_told_to_widen_the_bound_only():

@@ -78,3 +78,32 @@ def test_a_result_without_intervals_still_reads_and_formats():
 def test_the_report_flags_an_untrusted_latency():
     config = _config("a", _samples(1.0, 0.05), trusted=False)
     assert format_latency(config.latency_ms, config.latency).endswith("(untrusted)")
+
+
+def test_the_gain_over_the_baseline_by_point_error_is_reported_beside_the_tested_one(tmp_path):
+    """Where the tolerance test's data held an agnostic NN back, the report gives aware over the baseline that admits
+    it too, with its interval, and shows that baseline's row and NNs, said to be unvalidated."""
+    from qaopt.report import write_report
+    from qaopt.result import Fidelity, Result, StudySummary
+
+    reference = _config("ref", _samples(3.0, 0.05))
+    agnostic = _config("bf16", _samples(1.5, 0.05, seed=3))
+    by_point = _config("int8", _samples(1.2, 0.05, seed=5))
+    aware = _config("merged", _samples(1.0, 0.05, seed=4))
+    speedups = Speedups.of(reference, aware, agnostic, by_point)
+    assert speedups.aware_over_agnostic_by_point < speedups.aware_over_agnostic
+    assert speedups.intervals["aware_over_agnostic_by_point"].verdict == "faster"
+    assert Speedups.of(reference, aware, agnostic).aware_over_agnostic_by_point is None
+
+    result = Result(app="tiny", spec="tiny.yaml", spec_hash="0", profile="quick", run_dir=tmp_path,
+                    reference=reference, aware=aware, agnostic=agnostic, agnostic_by_point=by_point,
+                    speedups=speedups, validations=[], fidelity=Fidelity.of(None, []),
+                    studies={"aware": StudySummary(name="aware", trials_complete=0, trials_failed=0,
+                                                   trials_feasible=0)},
+                    region=tmp_path / "region.json", report=tmp_path / "report.md")
+    text = write_report(result, tmp_path).read_text()
+    assert f"awareness gains {speedups.describe('aware_over_agnostic_by_point')}" in text
+    assert "| application-agnostic by point error (each NN inside its bound by its point error) |" in text
+    assert f"{reference.latency_ms / by_point.latency_ms:.2f}x (not validated)" in text
+    assert "### application-agnostic by point error" in text
+    assert Result.model_validate_json(result.model_dump_json()).agnostic_by_point == by_point

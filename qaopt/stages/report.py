@@ -14,6 +14,7 @@ from qaopt.closed_loop import validation_power
 from qaopt.pipeline import BaseStage, StageRun, register_stage
 from qaopt.report import write_report
 from qaopt.result import Fidelity, Result, Speedups
+from qaopt.stages.comparison import BY_POINT
 from qaopt.stages.export import ARTIFACTS, export_configuration
 from qaopt.stages.reference import Reference
 from qaopt.stages.region import REGION_PLOT, CalibratedRegion
@@ -43,6 +44,7 @@ class ReportStage(BaseStage):
         aware_study: AwareSearch = inputs["aware search"]
         measured = inputs["side-by-side measurement"]
         ref, aware, agnostic = measured["reference"], measured["aware"], measured["agnostic"]
+        by_point = measured.get(BY_POINT)
         # The report's region.png: the region searched in, with this run's closed-loop evidence and both configurations.
         calibrated.searched(validated.front.evidence).plot(
             plan.run_dir / REGION_PLOT, reference=ref.errors, chosen=aware.errors if aware is not None else None)
@@ -58,9 +60,10 @@ class ReportStage(BaseStage):
             reference=ref,
             aware=aware,
             agnostic=agnostic,
+            agnostic_by_point=by_point,
             agnostic_rule=reference.ctx.agnostic_rule(agnostic, agnostic_search.unresolved),
             agnostic_converged=agnostic_search.converged,
-            speedups=Speedups.of(ref, aware, agnostic),
+            speedups=Speedups.of(ref, aware, agnostic, by_point),
             validations=validated.front.validations,
             agnostic_validation=validated.agnostic_validation,
             acceptance=validated.acceptance,

@@ -351,11 +351,10 @@ def unresolved_trial(unit: Unit, study: optuna.Study, best: Configuration | None
     baseline = best.latency_ms if best is not None else None
     found: UnresolvedTrial | None = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        judged = {n: Judgement(**j) for n, j in t.user_attrs.get(ATTR_JUDGED, {}).items()}
-        if (t.user_attrs.get(ATTR_FEASIBLE) or not judged or not t.values
-                or any(j.excess > j.allowed for j in judged.values())
+        if (t.user_attrs.get(ATTR_FEASIBLE) or not within_by_point(t)
                 or (baseline is not None and t.values[0] >= baseline)):
             continue
+        judged = {n: Judgement(**j) for n, j in t.user_attrs[ATTR_JUDGED].items()}
         needed = max(j.data_needed() for j in judged.values())
         if found is None or needed < found.data_needed:
             found = UnresolvedTrial(

@@ -44,7 +44,7 @@ class ReportStage(BaseStage):
         aware_study: AwareSearch = inputs["aware search"]
         measured = inputs["side-by-side measurement"]
         ref, aware, agnostic = measured["reference"], measured["aware"], measured["agnostic"]
-        by_point = measured.get(BY_POINT)
+        by_point = measured[BY_POINT]
         # The report's region.png: the region searched in, with this run's closed-loop evidence and both configurations.
         calibrated.searched(validated.front.evidence).plot(
             plan.run_dir / REGION_PLOT, reference=ref.errors, chosen=aware.errors if aware is not None else None)

@@ -34,6 +34,7 @@ import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +172,20 @@ def cpu_model() -> str:
                 platform.processor())
 
 
+def timestamped_log(path: Path) -> Callable[[str], None]:
+    """A logger that prints each message with the time and appends it to ``path`` at once, so that a run cut off on a
+    lent machine keeps every line it printed (``fidelity.py`` reads the variants' errors back from such a log)."""
+    log_file = open(path, "a")
+
+    def log(message: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {message}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    return log
+
+
 def run_block(entry_point: str, params: dict, nns: dict, seeds: list[int]) -> list[dict]:
     """One block of closed-loop runs on a worker (the spec's simulator built there from its entry point and params)."""
     import torch
@@ -262,13 +277,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     done_dir = args.out / "closed_loop"
     done_dir.mkdir(exist_ok=True)
-    log_file = open(args.out / "fidelity_log.txt", "a")
-
-    def log(message: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {message}"
-        print(line, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
+    log = timestamped_log(args.out / "fidelity_log.txt")
 
     tables, configurations = configurations_of(spec)
     chosen = range(len(configurations)) if args.only is None else [int(i) for i in args.only.split(",")]

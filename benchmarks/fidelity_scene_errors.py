@@ -46,7 +46,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from fidelity_closed_loop import InLoopNN, build_variants, configurations_of, cpu_model  # noqa: E402
+from fidelity_closed_loop import (  # noqa: E402
+    InLoopNN,
+    build_variants,
+    configurations_of,
+    cpu_model,
+    timestamped_log,
+)
 
 LOOK_SEED_BASE = 13_000_000
 """Fresh looks' seeds: disjoint from validation's (5,000,000), on-policy's (7,000,000), the strata's (8,000,000),
@@ -127,13 +133,7 @@ def main() -> None:
     truth = json.loads((args.closed_loop / "fidelity_truth.json").read_text())
     seeds_of = {"selection": [VALIDATION_SEED_BASE + i for i in range(truth["runs_per_configuration"])],
                 "looks": [LOOK_SEED_BASE + i for i in range(args.looks)]}
-    log_file = open(args.out / "scene_errors_log.txt", "a")
-
-    def log(message: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {message}"
-        print(line, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
+    log = timestamped_log(args.out / "scene_errors_log.txt")
 
     start = time.perf_counter()
     tables, _ = configurations_of(spec)

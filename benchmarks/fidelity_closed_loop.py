@@ -8,7 +8,8 @@ For each configuration of the spec's application (:data:`CONFIGURATIONS`: one va
 CropFollow's heading and distance NNs, LaneKeep's lane, stop-sign and lead NNs) it
 
 1. builds each NN through ``qaopt.approx.build`` (fine-tuning on ``--device``) from the shipped
-   example spec (``examples/cropfollow.yaml`` by default);
+   example spec (``examples/cropfollow.yaml`` by default), every NN's reference among them whichever
+   configurations run (the stressed coordinate compares a variant with the reference on the same recording);
 2. measures each NN where the product measures it (``qaopt.on_policy.target_nns``: the example's
    on-policy drives, steered by the reference NNs), on its dataset's validation drives, and on each of
    the spec's stress strata (``calibration.error_data.stress``, :mod:`qaopt.stress`), keeping the
@@ -282,7 +283,10 @@ def main() -> None:
     tables, configurations = configurations_of(spec)
     chosen = range(len(configurations)) if args.only is None else [int(i) for i in args.only.split(",")]
     start = time.perf_counter()
-    names = {v for i in chosen for v in configurations[i].values()}
+    # Every NN's reference too: a configuration's stressed coordinate is its error on a stratum over the reference's
+    # on the same recording, and a folder's strata are recorded on its own machine (fidelity.py reads both from it).
+    names = {v for i in chosen for v in configurations[i].values()} | {
+        name for table in tables.values() for name, knobs in table.items() if not knobs}
     variants, sequences = build_variants(spec, tables, cache, args.device, names, args.variant_seed, log)
     np.savez_compressed(args.out / "fidelity_residuals.npz", **sequences)
     (args.out / "variants.json").write_text(json.dumps(

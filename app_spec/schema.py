@@ -407,6 +407,20 @@ class DataSpec(Section):
 
     source: EntryPoint
     args: dict[str, Data] = Field(default_factory=dict)
+    LEFT_OUT_AT_DEFAULT = ("more_validation",)
+    more_validation: dict[str, Data] | None = Field(None, description=(
+        "args that, merged into args, make the source return another validation split (CropFollow: {seed: 1, "
+        "n_train: 1, val_drives: 48}; its training split is not used). The application-agnostic tolerance test "
+        "judges a trial that the validation split cannot decide (inside its bound by its point error, outside by its "
+        "upper bound) again on both splits together, and only such trials (docs/knobs.md, 'A second look')"))
+
+    @model_validator(mode="after")
+    def _more_validation_changes_the_data(self) -> DataSpec:
+        if self.more_validation is not None and {**self.args, **self.more_validation} == self.args:
+            raise ValueError("more_validation: merged into args it changes nothing, so the source would return the "
+                             "same validation split; give the args of other data (another seed, more drives), or "
+                             "remove it")
+        return self
 
 
 class NNSpec(Section):

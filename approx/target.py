@@ -156,21 +156,37 @@ class TargetNN:
             self._fingerprint = content_hash(h.hexdigest(), self.input_shape, *self.metric.key)
         return self._fingerprint
 
+    def more_validation(self, spec: NNSpec) -> NNData | None:
+        """The validation split ``nns.<name>.data.more_validation`` names (the data source called with those args
+        merged into its own), checked as this NN's data is; ``None`` when the entry names none."""
+        data_spec = spec.data
+        if data_spec.more_validation is None:
+            return None
+        data = _called(self.name, "data.more_validation", data_spec.source,
+                       {**data_spec.args, **data_spec.more_validation})
+        _check_data(data, self.input_shape, self.metric.column, f"NN {self.name!r}, data.more_validation", ("val",))
+        return data
+
     def _check_data(self) -> None:
-        d, where = self.data, f"NN {self.name!r}, data"
-        for split in ("train", "val"):
-            x, y = getattr(d, f"x_{split}"), np.asarray(getattr(d, f"y_{split}"))
-            if tuple(x.shape[1:]) != self.input_shape[1:]:
-                raise QaoptError(f"{where}: x_{split} has samples of shape {tuple(x.shape[1:])}, input_shape says {self.input_shape[1:]}")
-            if y.ndim != 2 or len(y) != len(x):
-                raise QaoptError(f"{where}: y_{split} must have shape ({len(x)}, outputs), got {y.shape}")
-            if y.shape[1] <= self.metric.column:
-                raise QaoptError(f"{where}: y_{split} has {y.shape[1]} outputs, the error metric reads output {self.metric.column}")
-        n_val = len(d.x_val)
-        for i, seq in enumerate(d.val_sequences):
-            seq = np.asarray(seq)
-            if seq.size and (seq.min() < 0 or seq.max() >= n_val):
-                raise QaoptError(f"{where}: val_sequences[{i}] indexes outside the {n_val} validation samples")
+        _check_data(self.data, self.input_shape, self.metric.column, f"NN {self.name!r}, data")
+
+
+def _check_data(d: NNData, input_shape: tuple[int, ...], column: int, where: str,
+                splits: Sequence[str] = ("train", "val")) -> None:
+    """Shapes of ``d``'s ``splits`` against the NN's input and outputs, and its drives' indices."""
+    for split in splits:
+        x, y = getattr(d, f"x_{split}"), np.asarray(getattr(d, f"y_{split}"))
+        if tuple(x.shape[1:]) != input_shape[1:]:
+            raise QaoptError(f"{where}: x_{split} has samples of shape {tuple(x.shape[1:])}, input_shape says {input_shape[1:]}")
+        if y.ndim != 2 or len(y) != len(x):
+            raise QaoptError(f"{where}: y_{split} must have shape ({len(x)}, outputs), got {y.shape}")
+        if y.shape[1] <= column:
+            raise QaoptError(f"{where}: y_{split} has {y.shape[1]} outputs, the error metric reads output {column}")
+    n_val = len(d.x_val)
+    for i, seq in enumerate(d.val_sequences):
+        seq = np.asarray(seq)
+        if seq.size and (seq.min() < 0 or seq.max() >= n_val):
+            raise QaoptError(f"{where}: val_sequences[{i}] indexes outside the {n_val} validation samples")
 
 
 def _called(nn_name: str, field: str, entry_point: str, args: dict) -> object:

@@ -79,7 +79,14 @@ from qaopt.events import StageEvents
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import frame_models
 from qaopt.plan import RunPlan
-from qaopt.result import Configuration, ConvergenceCurve, ExcessJudged, StudySummary, UnresolvedTrial
+from qaopt.result import (
+    Configuration,
+    ConvergenceCurve,
+    ExcessJudged,
+    SecondLookTrial,
+    StudySummary,
+    UnresolvedTrial,
+)
 from qaopt.search import (
     ATTR_CONFIGURATION,
     ATTR_ERRORS,
@@ -110,6 +117,9 @@ OBJECTIVES = ("latency",)
 """A unit study minimises the unit's own latency: memory is a frame's, judged once the units are combined."""
 ATTR_JUDGED = "judged"
 """A unit trial's attribute: NN -> its :class:`~qaopt.tolerance.Judgement` fields."""
+ATTR_SECOND_LOOK = "second_look"
+"""A unit study's attribute: trial number (a string) -> its second look (:func:`second_looks`): ``judged`` (NN ->
+its judgement on both validation splits) and, when every one is within, ``configuration`` (the unit measured)."""
 
 def units_of(ctx: SearchContext) -> list[Unit]:
     """Every unit a layout may use: each NN alone, then each merge group merged."""
@@ -139,6 +149,8 @@ class AgnosticSearch:
     converged: ConvergenceCurve
     unresolved: dict[str, UnresolvedTrial] = dataclasses.field(default_factory=dict)
     """unit -> its trial that only the test's resolution rejected (:func:`unresolved_trial`)."""
+    second_looks: list[SecondLookTrial] = dataclasses.field(default_factory=list)
+    """The trials judged again on both validation splits (:func:`second_looks`)."""
     by_point: Configuration | None = None
     """The baseline by point error (the module docstring); ``None`` where it is ``chosen``'s NNs."""
 
@@ -307,61 +319,145 @@ def run_unit(ctx: SearchContext, unit: Unit, storage: BaseStorage, events: Stage
     return study
 
 
+def looked(study: optuna.Study) -> dict[int, dict]:
+    """The study's second looks (:data:`ATTR_SECOND_LOOK`) by trial number."""
+    return {int(k): v for k, v in study.user_attrs.get(ATTR_SECOND_LOOK, {}).items()}
+
+
+def judged_of(trial: optuna.trial.FrozenTrial, second: Mapping[int, dict]) -> dict[str, Judgement]:
+    """Each NN of a finished unit trial as last judged: on both validation splits where it had a second look."""
+    judged = second[trial.number]["judged"] if trial.number in second else trial.user_attrs.get(ATTR_JUDGED, {})
+    return {n: Judgement(**j) for n, j in judged.items()}
+
+
+def within(trial: optuna.trial.FrozenTrial, second: Mapping[int, dict]) -> bool:
+    """Whether a finished unit trial is within tolerance: on the first split, or on both at its second look."""
+    return bool(trial.user_attrs.get(ATTR_FEASIBLE)) or "configuration" in second.get(trial.number, {})
+
+
 def best_by_trial(study: optuna.Study) -> list[float]:
-    """The study's best latency within tolerance after each of its finished trials, in order (inf before the first)."""
+    """The study's best latency within tolerance after each of its finished trials, in order (inf before the first);
+    a trial within at its second look counts with its measured latency."""
+    second = looked(study)
     best, out = inf, []
     for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)),
                     key=lambda t: t.number):
-        if t.state == TrialState.COMPLETE and t.user_attrs.get(ATTR_FEASIBLE) and t.values:
-            best = min(best, t.values[0])
+        if t.state == TrialState.COMPLETE and t.values:
+            if t.user_attrs.get(ATTR_FEASIBLE):
+                best = min(best, t.values[0])
+            elif "configuration" in second.get(t.number, {}):
+                best = min(best, second[t.number]["configuration"]["latency_ms"])
         out.append(best)
     return out
 
 
-def within_by_point(trial: optuna.trial.FrozenTrial) -> bool:
+def within_by_point(trial: optuna.trial.FrozenTrial, second: Mapping[int, dict]) -> bool:
     """Whether every NN of a finished unit trial erred inside its bound by its point excess (a feasible trial did)."""
-    judged = [Judgement(**j) for j in trial.user_attrs.get(ATTR_JUDGED, {}).values()]
-    return bool(trial.values) and (bool(trial.user_attrs.get(ATTR_FEASIBLE))
+    judged = judged_of(trial, second).values()
+    return bool(trial.values) and (within(trial, second)
                                    or (bool(judged) and all(j.excess <= j.allowed for j in judged)))
+
+
+def trial_knobs(ctx: SearchContext, unit: Unit, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Knobs:
+    """The knobs a finished unit trial built."""
+    space = ctx.plan.knob_spaces[unit.nn].holding(study.user_attrs.get(ATTR_HELD, {}))
+    return space.sample(optuna.trial.FixedTrial(dict(trial.params)), unit.nn, seed=ctx.plan.seed)
 
 
 def point_knobs(ctx: SearchContext, unit: Unit, study: optuna.Study) -> Knobs | None:
     """The knobs of the unit's fastest trial within every bound by its point excess (its latency as the study recorded
     it: measured when feasible, the untuned estimate when only the bound rejected it); ``None`` when there is none."""
-    found = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if within_by_point(t)]
+    second = looked(study)
+    found = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if within_by_point(t, second)]
     if not found:
         return None
-    fastest = min(found, key=lambda t: t.values[0])
-    space = ctx.plan.knob_spaces[unit.nn].holding(study.user_attrs.get(ATTR_HELD, {}))
-    return space.sample(optuna.trial.FixedTrial(dict(fastest.params)), unit.nn, seed=ctx.plan.seed)
+    return trial_knobs(ctx, unit, study, min(found, key=lambda t: t.values[0]))
 
 
 def winner(study: optuna.Study) -> Configuration | None:
-    """The unit's fastest configuration within tolerance."""
+    """The unit's fastest configuration within tolerance (on the first validation split, or at a second look)."""
     measured = [Configuration.model_validate(t.user_attrs[ATTR_CONFIGURATION])
                 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if t.user_attrs.get(ATTR_FEASIBLE) and ATTR_CONFIGURATION in t.user_attrs]
+    measured += [Configuration.model_validate(v["configuration"]) for v in looked(study).values()
+                 if "configuration" in v]
     return min(measured, key=lambda c: c.latency_ms, default=None)
+
+
+def second_looks(ctx: SearchContext, unit: Unit, study: optuna.Study, events: StageEvents) -> None:
+    """Judge again on both validation splits (:mod:`qaopt.second_look`) each trial faster than the unit's winner (by
+    its untuned estimate) that the first split left unresolved and whose every unresolved NN has a second split,
+    fastest first, until the winner is faster than the rest; each look is kept in the study (:data:`ATTR_SECOND_LOOK`),
+    so a resumed run looks once."""
+    if not any(ctx.second_look.available(n) for n in unit.serves):
+        return
+    second = looked(study)
+    best = winner(study)
+    pending = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                      if t.number not in second and not t.user_attrs.get(ATTR_FEASIBLE) and within_by_point(t, second)),
+                     key=lambda t: t.values[0])
+    for t in pending:
+        if best is not None and t.values[0] >= best.latency_ms:
+            break
+        first = judged_of(t, second)
+        if not all(ctx.second_look.available(n) for n, j in first.items() if not j.within):
+            continue
+        candidates = ctx.build_unit(unit, trial_knobs(ctx, unit, study, t))
+        judged = {n: ctx.judgement_on_both(n, c) or first[n] for n, c in candidates.items()}
+        entry: dict = {"judged": {n: dataclasses.asdict(j) for n, j in judged.items()}}
+        if all(j.within for j in judged.values()):
+            frame = ctx.measure(candidates, "sequential", best.latency_ms if best is not None else None)
+            config = Configuration(trial=t.number, nns={n: m.choice for n, m in frame.nns.items()},
+                                   schedule="sequential", latency_ms=frame.latency_ms, memory_bytes=frame.memory_bytes,
+                                   errors={n: c.error for n, c in candidates.items()}, in_region=False,
+                                   latency=frame.latency)
+            entry["configuration"] = config.model_dump(mode="json")
+            if best is None or config.latency_ms < best.latency_ms:
+                best = config
+        second[t.number] = entry
+        study.set_user_attr(ATTR_SECOND_LOOK, {str(k): v for k, v in second.items()})
+        events.note(second_look_record(unit, t, entry).describe())
+
+
+def second_look_records(unit: Unit, study: optuna.Study) -> list[SecondLookTrial]:
+    """The unit study's second looks as the result keeps them, by trial number."""
+    second = looked(study)
+    return [second_look_record(unit, t, second[t.number]) for t in study.get_trials(deepcopy=False)
+            if t.number in second]
+
+
+def second_look_record(unit: Unit, trial: optuna.trial.FrozenTrial, entry: Mapping) -> SecondLookTrial:
+    """A second look as the result keeps it."""
+    config = entry.get("configuration")
+    return SecondLookTrial(
+        unit=unit.label, trial=trial.number, params=dict(trial.params), within=config is not None,
+        judged={n: _excess(Judgement(**j)) for n, j in entry["judged"].items()},
+        latency_ms=config["latency_ms"] if config is not None else None)
+
+
+def _excess(j: Judgement) -> ExcessJudged:
+    return ExcessJudged(excess=j.excess, ucb=j.ucb, allowed=j.allowed, frames=j.frames, blocks=j.blocks)
 
 
 def unresolved_trial(unit: Unit, study: optuna.Study, best: Configuration | None) -> UnresolvedTrial | None:
     """The unit's trial faster than its winner ``best`` (by its untuned estimate) whose every NN erred inside its bound
-    by the point excess, at least one rejected on the upper bound alone, that the least extra validation data would
-    decide; ``None`` when there is none (the winner is not the test's artefact)."""
+    by the point excess, at least one rejected on the upper bound alone (on both splits, where it had a second
+    look), that the least extra validation data would decide; ``None`` when there is none (the winner is not the
+    test's artefact)."""
     baseline = best.latency_ms if best is not None else None
+    second = looked(study)
     found: UnresolvedTrial | None = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if (t.user_attrs.get(ATTR_FEASIBLE) or not within_by_point(t)
+        if (within(t, second) or not within_by_point(t, second)
                 or (baseline is not None and t.values[0] >= baseline)):
             continue
-        judged = {n: Judgement(**j) for n, j in t.user_attrs[ATTR_JUDGED].items()}
+        judged = judged_of(t, second)
         needed = max(j.data_needed() for j in judged.values())
         if found is None or needed < found.data_needed:
             found = UnresolvedTrial(
                 unit=unit.label, trial=t.number, params=dict(t.params), quick_ms=t.values[0],
                 baseline_ms=baseline, data_needed=needed,
-                judged={n: ExcessJudged(excess=j.excess, ucb=j.ucb, allowed=j.allowed, frames=j.frames,
-                                        blocks=j.blocks) for n, j in judged.items()})
+                judged={n: _excess(j) for n, j in judged.items()})
     return found
 
 
@@ -433,6 +529,9 @@ def search_agnostic(ctx: SearchContext, storage: BaseStorage, region: RegionSour
     done = [0]
     events.progress(completed=0, total=len(units) * ctx.plan.trials)
     studies = {unit: run_unit(ctx, unit, storage, events, done) for unit in units}
+    for unit, study in studies.items():
+        with study_lock(storage, study.study_name):  # workers finishing together look once
+            second_looks(ctx, unit, study, events)
     winners = {u: winner(s) for u, s in studies.items()}
     tested = {u: None if w is None else Knobs.model_validate(w.nns[u.nn].knobs) for u, w in winners.items()}
     chosen = combine(ctx, tested, region)
@@ -445,6 +544,7 @@ def search_agnostic(ctx: SearchContext, storage: BaseStorage, region: RegionSour
         chosen=chosen,
         converged=convergence(ctx, {u: best_by_trial(s) for u, s in studies.items()}),
         unresolved=unresolved,
+        second_looks=[record for u, s in studies.items() for record in second_look_records(u, s)],
         by_point=by_point(ctx, studies, tested, chosen, region, events) if unresolved else None,
     )
 

@@ -137,6 +137,10 @@ class BoundApplication:
 
         return target_nns(self._spec, cache_dir)
 
+    def more_validation(self, nn: Any) -> Any:
+        """NN ``nn``'s (a TargetNN's) second validation split (``nns.<name>.data.more_validation``), or ``None``."""
+        return nn.more_validation(self._spec.nns[nn.name])
+
     def stress_set(self, cache_dir: Path, nns: Mapping[str, Any]) -> StressSet | None:
         """The spec's stress strata recorded with the reference ``nns`` (TargetNNs) steering, or ``None`` without strata."""
         return record_stress(self._spec, {n: t.model for n, t in nns.items()},

@@ -514,6 +514,10 @@ def _agnostic_rule(rule: AgnosticRule) -> str:
                  "its upper bound; the baseline is then nearer the reference than accuracy-preserving compression "
                  "would allow, and aware over agnostic overstates what the application's headroom buys):", ""]
         rows += [f"- {u.describe()}." for u in rule.unresolved.values()]
+    if rule.second_looks:
+        rows += ["", "Judged again on a second validation split (`nns.<name>.data.more_validation`), each trial the first "
+                 "left unresolved, fastest first:", ""]
+        rows += [f"- {t.describe()}." for t in rule.second_looks]
     return "\n".join(rows)
 
 

@@ -369,6 +369,26 @@ class ExcessJudged(_Model):
     blocks: int = Field(description="resampling blocks those frames make")
 
 
+class SecondLookTrial(_Model):
+    """A unit's trial the first validation split left unresolved, judged again on both splits together
+    (:mod:`qaopt.second_look`)."""
+
+    unit: str = Field(description="the unit (an NN, or a merge group's NNs joined by '+')")
+    trial: int = Field(description="the trial's number in the unit's study (agnostic.<unit>)")
+    params: dict[str, Any] = Field(description="the trial's knobs, as the study sampled them")
+    within: bool = Field(description="whether every NN it serves is within tolerance on both splits")
+    judged: dict[str, ExcessJudged] = Field(description="NN -> its excess on both splits (on the first alone where "
+                                            "the NN has no second split)")
+    latency_ms: float | None = Field(None, description="its measured latency, when within (the unit alone)")
+
+    def describe(self) -> str:
+        excesses = "; ".join(f"{n}: excess {j.excess:+.4g}, upper bound {j.ucb:+.4g}, allowed {j.allowed:.4g}, on "
+                             f"{j.frames} frames" for n, j in self.judged.items())
+        verdict = (f"within tolerance, {self.latency_ms:.3g} ms measured" if self.within and self.latency_ms is not None
+                   else "within tolerance" if self.within else "still not within tolerance")
+        return f"agnostic {self.unit}: trial {self.trial} judged again on both validation splits ({excesses}): {verdict}"
+
+
 class UnresolvedTrial(_Model):
     """A unit's trial faster than its agnostic winner that erred inside every bound by its point excess, yet was
     rejected because the validation data cannot show it at the rule's confidence: the test, not the candidate, decided.
@@ -395,7 +415,8 @@ class UnresolvedTrial(_Model):
                 f"erred inside the bound by its point error, but the validation data cannot show it at the rule's "
                 f"confidence ({excesses}); about {self.data_needed:.3g}x the validation frames would decide it")
         if self.data_needed <= PRACTICAL_DATA_FACTOR:
-            return f"{head}: more validation sequences in {where}.data, or a wider agnostic_tolerance there"
+            return (f"{head}: more validation sequences in {where}.data, a second split there (more_validation: the "
+                    "study then judges such trials again on both), or a wider agnostic_tolerance there")
         return (f"{head}, more than any practical amount (its point error sits at the bound): only a wider "
                 f"agnostic_tolerance in {where} would admit it")
 
@@ -408,6 +429,9 @@ class AgnosticRule(_Model):
     nns: dict[str, NNTolerance]
     unresolved: dict[str, UnresolvedTrial] = Field(default_factory=dict, description=(
         "unit -> its unresolved trial the least data would decide, where its study has one faster than its winner"))
+    second_looks: list[SecondLookTrial] = Field(default_factory=list, description=(
+        "the trials the first validation split left unresolved, judged again on both splits (nns.<name>.data."
+        "more_validation), fastest first until one was within"))
 
 
 class ConvergenceCurve(_Model):

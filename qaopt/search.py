@@ -46,6 +46,7 @@ from qaopt.events import Trial as TrialEvent
 from qaopt.kernels import schedules_for, threads_of
 from qaopt.measuring import MeasuredConfiguration, measure_configuration, quick_latency
 from qaopt.plan import MergePlan, RunPlan
+from qaopt.second_look import SecondLook
 from qaopt.seeding import Unit, configuration_params, informed_trials, precision_trials
 from qaopt.stress import StressSet, cached_errors, stressed_coordinate
 from qaopt.study_lock import DIALECTS, study_lock
@@ -56,6 +57,7 @@ from qaopt.result import (
     InformedStart,
     NNTolerance,
     Rebuilt,
+    SecondLookTrial,
     StudySummary,
     TrialRecord,
     UnresolvedTrial,
@@ -389,25 +391,40 @@ class SearchContext:
             self._judged[key] = judge(self.plan.tolerances[name], candidate.residuals, self.reference[name].residuals)
         return self._judged[key]
 
+    @cached_property
+    def second_look(self) -> SecondLook:
+        """Each NN's second validation split (``nns.<name>.data.more_validation``), for the agnostic test's second
+        look at the trials the first split cannot decide (:mod:`qaopt.second_look`)."""
+        return SecondLook(self.nns, self.plan.application.more_validation, self.cache_dir)
+
+    def judgement_on_both(self, name: str, candidate: Candidate) -> Judgement | None:
+        """NN ``name``'s candidate by the agnostic rule on both validation splits together (``None``: it has no
+        second split)."""
+        return self.second_look.judge(self.plan.tolerances[name], name, candidate, self.reference[name])
+
     def over_tolerance(self, candidates: Mapping[str, Candidate]) -> float:
         """How far the worst of ``candidates`` is outside its NN's agnostic tolerance (<= 0: every one within)."""
         return max((self.judgement(n, c).violation(self.plan.tolerances[n]) for n, c in candidates.items()),
                    default=0.0)
 
-    def agnostic_rule(self, chosen: Configuration | None, unresolved: Mapping[str, UnresolvedTrial] | None = None
-                      ) -> AgnosticRule:
-        """The agnostic rule, each NN's bound, the NNs of ``chosen`` (the agnostic configuration) judged by it, and
-        each unit's trial that only the test's resolution rejected (:func:`qaopt.agnostic.unresolved_trial`)."""
+    def agnostic_rule(self, chosen: Configuration | None, unresolved: Mapping[str, UnresolvedTrial] | None = None,
+                      second_looks: Sequence[SecondLookTrial] = ()) -> AgnosticRule:
+        """The agnostic rule, each NN's bound, the NNs of ``chosen`` (the agnostic configuration) judged by it (on
+        both validation splits where the first could not decide), each unit's trial that only the test's resolution
+        rejected (:func:`qaopt.agnostic.unresolved_trial`) and the trials judged again on both splits."""
         candidates = self.candidates(chosen) if chosen is not None else {}
         nns = {}
         for name, reference in self.reference.items():
             tolerance = self.plan.tolerances[name]
             judged = self.judgement(name, candidates[name]) if name in candidates else None
+            if judged is not None and not judged.within:
+                judged = self.judgement_on_both(name, candidates[name]) or judged
             nns[name] = NNTolerance(
                 metric=tolerance.metric, bound=tolerance.bound, absolute=tolerance.absolute,
                 reference_error=reference.error, allowed_excess=tolerance.allowed(reference.error),
                 chosen_error=judged.candidate if judged else None, chosen_excess_ucb=judged.ucb if judged else None)
-        return AgnosticRule(rule=RULE, confidence=CONFIDENCE, nns=nns, unresolved=dict(unresolved or {}))
+        return AgnosticRule(rule=RULE, confidence=CONFIDENCE, nns=nns, unresolved=dict(unresolved or {}),
+                            second_looks=list(second_looks))
 
     def violation(self, mode: Mode, errors: Mapping[str, float], candidates: Mapping[str, Candidate],
                   region: ErrorRegion) -> float:

@@ -144,9 +144,10 @@ def check_nn_shapes(spec: AppSpec, progress: Callable[[str], None] = lambda mess
                 _check_sample(target, nn.input_shape, len(nn.outputs))
                 problems += _pass_problems(spec, name, target)
                 targets[name] = target
+                target.more_validation(nn)  # its second split: a bad one found now, not after the searches
             except (_ShapeError, EntryPointFailed) as exc:
                 message = exc.detail if isinstance(exc, EntryPointFailed) else str(exc)
-                problems += located(spec, [{"loc": ("nns", name, exc.field), "msg": message}])
+                problems += located(spec, [{"loc": ("nns", name, *exc.field.split(".")), "msg": message}])
             except QaoptError as exc:  # a message that starts with its field (nns.a.weights: ...) is placed there
                 loc = ("nns", name, "input_shape") if "input_shape" in str(exc) else ("nns", name)
                 problems += located(spec, [{"loc": loc, "msg": str(exc)}])

@@ -52,9 +52,13 @@ class ScriptedLatency(SearchContext):
         return sum(cost(c) for c in frame_models(candidates).values()), 0
 
 
-def _context(tmp_path: Path, monkeypatch, round_to: int = 4, dtypes: tuple[str, ...] = ("fp32",)) -> ScriptedLatency:
+def _context(tmp_path: Path, monkeypatch, round_to: int = 4, dtypes: tuple[str, ...] = ("fp32",),
+             more_validation: dict | None = None) -> ScriptedLatency:
+    """The toy under scripted latency; ``more_validation``: NN a's second validation split (its data args)."""
     monkeypatch.setenv("QAOPT_CACHE_DIR", str(tmp_path / "cache"))
     data = yaml.safe_load((APPS / "tiny.yaml").read_text())
+    if more_validation is not None:
+        data["nns"]["a"]["data"]["more_validation"] = more_validation
     data["approximations"] = {"all": {"pruning": {"ratio": [0.0, 0.5], "round_to": round_to},
                                       "quantization": {"dtypes": list(dtypes)}}}
     data["search"]["trials"] = TRIALS
@@ -287,3 +291,78 @@ def test_the_aware_study_enqueues_each_configuration_once(tmp_path, monkeypatch)
 
     built = [built_by(ctx, t.system_attrs["fixed_params"]) for t in study.get_trials(deepcopy=False)]
     assert built.count(built_by(ctx, walked)) == 1 and len(set(built)) == len(built), "no configuration twice"
+
+
+SECOND_SPLIT = {"drives": 48}
+"""NN a's second validation split in the toy: the last six of 48 drives (the first split holds the last six of 24)."""
+
+
+def test_a_second_validation_split_decides_a_trial_the_first_could_not(tmp_path, monkeypatch):
+    """NN a's bound set between a pruning level's upper bound on both splits together and on the first alone: the
+    first split leaves the level unresolved, the second look (on twice the frames) admits it, and NN a's study takes
+    it (or a faster one) as its winner; resumed, the looks are read back, not taken again."""
+    import optuna
+
+    from qaopt.agnostic import second_look_records, unit_study_name, winner
+    from qaopt.seeding import Unit
+
+    ctx = _context(tmp_path, monkeypatch, more_validation=SECOND_SPLIT)
+    plan = ctx.plan
+    space = plan.knob_spaces["a"]
+    levels = [ctx.build("a", space.base(prune_ratio=r, seed=plan.seed)) for r in RATIOS[1:]]
+    level = min((c for c in levels if ctx.judgement("a", c).excess > 0), key=lambda c: ctx.judgement("a", c).excess)
+    first, both = ctx.judgement("a", level), ctx.judgement_on_both("a", level)
+    assert both is not None and both.frames == 2 * first.frames
+    assert max(both.ucb, first.excess) < first.ucb, f"twice the frames narrow the interval: {first} {both}"
+    bound = (max(both.ucb, first.excess) + first.ucb) / 2 / first.reference
+    ctx = ScriptedLatency(dataclasses.replace(plan, tolerances={**plan.tolerances, "a": Tolerance("l1", bound)}),
+                          ctx.nns, ctx.space)
+    assert ctx.judgement("a", level).unresolved and ctx.judgement_on_both("a", level).within
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+
+    found = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
+
+    looks = [look for look in found.second_looks if look.unit == "a"]
+    assert looks, "the trial the first split left unresolved was judged again"
+    for look in looks:
+        j = look.judged["a"]
+        assert j.frames == 2 * first.frames and look.within == (j.ucb <= j.allowed)
+        assert (look.latency_ms is not None) == look.within
+    study = optuna.load_study(study_name=unit_study_name(plan, Unit("a")), storage=storage)
+    best = winner(study)
+    assert best is not None and best.latency_ms <= min(look.latency_ms for look in looks if look.within)
+    assert "a" not in found.unresolved or found.unresolved["a"].judged["a"].frames == 2 * first.frames
+    rule = ctx.agnostic_rule(found.chosen, found.unresolved, found.second_looks)
+    assert rule.second_looks == found.second_looks
+
+    again = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
+    assert again.second_looks == found.second_looks and again.chosen == found.chosen
+    assert second_look_records(Unit("a"), study) == looks
+
+
+def test_without_a_second_split_nothing_is_judged_again(tmp_path, monkeypatch):
+    """The same unresolved trial without ``more_validation``: no second look, and the result names the trial the data
+    could not decide, with the second split among the fixes."""
+    ctx, _ = _unresolved(tmp_path, monkeypatch)
+
+    found = search_agnostic(ctx, open_storage(f"sqlite:///{tmp_path / 'study.db'}"), FixedRegion(ctx.space),
+                            Events().for_stage("agnostic search"))
+
+    assert found.second_looks == [] and "a" in found.unresolved
+    assert "more_validation" in found.unresolved["a"].describe()
+
+
+def test_a_second_split_that_changes_nothing_is_refused_at_its_line(tmp_path):
+    """``more_validation`` whose args are already the data's would judge the same frames twice."""
+    from qaopt.app_spec.errors import SpecError
+
+    data = yaml.safe_load((APPS / "tiny.yaml").read_text())
+    data["nns"]["a"]["data"]["more_validation"] = {"target": "a"}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    try:
+        load_spec(tmp_path / "tiny.yaml")
+    except SpecError as exc:
+        text = str(exc)
+    else:
+        raise AssertionError("a second split equal to the first loaded")
+    assert "nns.a.data" in text and "more_validation" in text and "changes nothing" in text

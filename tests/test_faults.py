@@ -431,6 +431,24 @@ def test_a_failing_nn_entry_point_stops_optimize_before_any_run(tmp_path, capsys
     assert not list((tmp_path / "runs").rglob("*.json")) and not (tmp_path / "cache").exists()  # nothing stored
 
 
+def test_a_second_validation_split_the_data_source_refuses_stops_optimize_at_its_line(tmp_path, capsys, monkeypatch):
+    """``nns.<name>.data.more_validation`` is called before anything runs: an argument the source does not take is
+    found at once, at its line, not after the searches that would use it."""
+    from specs import line_of, tiny_spec
+
+    import qaopt.region_calibration as region_calibration
+
+    def second_split(data):
+        data["nns"]["a"]["data"]["more_validation"] = {"validation_drives": 48}
+
+    path = tiny_spec(tmp_path, second_split)
+    monkeypatch.setattr(region_calibration, "calibrate_spec", lambda *a, **k: pytest.fail("calibration ran"))
+    code, err, _ = run_qaopt(capsys, "optimize", str(path), "--profile", "quick")
+    assert code == 2 and len(err) == 1, err
+    assert ": nns.a.data.more_validation: tinyapp:tiny_data raised TypeError: " in err[0], err
+    assert "validation_drives" in err[0] and "more_validation" in line_of(path, err[0])
+
+
 def test_an_exception_in_closed_loop_validation_stops_it_and_stores_nothing_of_its_block(tmp_path):
     from flaky import ScriptedPerceptionApp
 

@@ -15,7 +15,8 @@ runs are recorded beside it; a run older than fresh-seed acceptance has only tho
 one's is its run on the same fresh seeds. The goal also needs an agnostic baseline decided by its
 NNs: a faster agnostic candidate its tolerance test left unresolved for want of validation frames
 (``agnostic_unresolved``, as the report lists them; at most ``PRACTICAL_DATA_FACTOR`` times the frames
-would decide it) means the baseline could be faster.
+would decide it) means the baseline could be faster. Trials judged again on a second validation split
+(``nns.<name>.data.more_validation``) are listed with their verdicts (``agnostic_second_looks``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def record(app: str, result_path: Path) -> dict[str, Any]:
         "aware_ms": None if r.aware is None else r.aware.latency_ms,
         "agnostic_ms": None if r.agnostic is None else r.agnostic.latency_ms,
         "agnostic_unresolved": unresolved,
+        "agnostic_second_looks": [t.model_dump(mode="json", include={"unit", "trial", "params", "within", "latency_ms"})
+                                  | {"frames": {n: j.frames for n, j in t.judged.items()}}
+                                  for t in (r.agnostic_rule.second_looks if r.agnostic_rule is not None else ())],
         "aware_over_agnostic_by_point": r.speedups.aware_over_agnostic_by_point,
         "agnostic_by_point_knobs": nns_of(r.agnostic_by_point),
         "goal": {"aware_over_agnostic": goal, "validation_runs": VALIDATION_RUNS, "agnostic_resolved": True},

@@ -396,11 +396,16 @@ def second_looks(ctx: SearchContext, unit: Unit, study: optuna.Study, events: St
     pending = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                       if t.number not in second and not t.user_attrs.get(ATTR_FEASIBLE) and within_by_point(t, second)),
                      key=lambda t: t.values[0])
+    by_params = {_params_key(t): second[t.number] for t in study.get_trials(deepcopy=False) if t.number in second}
     for t in pending:
         if best is not None and t.values[0] >= best.latency_ms:
             break
         first = judged_of(t, second)
         if not all(ctx.second_look.available(n) for n, j in first.items() if not j.within):
+            continue
+        if _params_key(t) in by_params:  # the sampler proposed a trial's knobs again: the same NNs, decided already
+            second[t.number] = by_params[_params_key(t)]
+            study.set_user_attr(ATTR_SECOND_LOOK, {str(k): v for k, v in second.items()})
             continue
         candidates = ctx.build_unit(unit, trial_knobs(ctx, unit, study, t))
         judged = {n: ctx.judgement_on_both(n, c) or first[n] for n, c in candidates.items()}
@@ -414,16 +419,24 @@ def second_looks(ctx: SearchContext, unit: Unit, study: optuna.Study, events: St
             entry["configuration"] = config.model_dump(mode="json")
             if best is None or config.latency_ms < best.latency_ms:
                 best = config
-        second[t.number] = entry
+        second[t.number] = by_params[_params_key(t)] = entry
         study.set_user_attr(ATTR_SECOND_LOOK, {str(k): v for k, v in second.items()})
         events.note(second_look_record(unit, t, entry).describe())
 
 
+def _params_key(trial: optuna.trial.FrozenTrial) -> tuple:
+    return tuple(sorted(trial.params.items()))
+
+
 def second_look_records(unit: Unit, study: optuna.Study) -> list[SecondLookTrial]:
-    """The unit study's second looks as the result keeps them, by trial number."""
+    """The unit study's second looks as the result keeps them, by trial number, each set of knobs once (at the first
+    trial that proposed it)."""
     second = looked(study)
-    return [second_look_record(unit, t, second[t.number]) for t in study.get_trials(deepcopy=False)
-            if t.number in second]
+    first = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.number in second:
+            first.setdefault(_params_key(t), t)
+    return [second_look_record(unit, t, second[t.number]) for t in first.values()]
 
 
 def second_look_record(unit: Unit, trial: optuna.trial.FrozenTrial, entry: Mapping) -> SecondLookTrial:

@@ -328,6 +328,7 @@ def test_a_second_validation_split_decides_a_trial_the_first_could_not(tmp_path,
         j = look.judged["a"]
         assert j.frames == 2 * first.frames and look.within == (j.ucb <= j.allowed)
         assert (look.latency_ms is not None) == look.within
+        assert f"trial {look.trial} judged again on both validation splits" in look.describe()
     study = optuna.load_study(study_name=unit_study_name(plan, Unit("a")), storage=storage)
     best = winner(study)
     assert best is not None and best.latency_ms <= min(look.latency_ms for look in looks if look.within)

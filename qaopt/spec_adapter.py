@@ -123,7 +123,8 @@ SLOW_LOAD_S = 5.0
 def check_nn_shapes(spec: AppSpec, progress: Callable[[str], None] = lambda message: None) -> None:
     """Load each NN and its data and run one sample through it: shapes must agree with ``input_shape`` and ``outputs``.
 
-    Cheap (one forward pass per NN), but it calls the NNs' model and data entry points,
+    Cheap (one forward pass per NN), but it calls the NNs' model and data entry points (the data's with
+    ``data.more_validation`` too, so that a second split the source refuses stops a run before its searches),
     which may build or load their data the first time (CropFollow's ResNet-18 reference trains for
     about an hour on two CPU cores), so ``progress`` is told when that takes more than
     :data:`SLOW_LOAD_S` (a quick check stays silent). Raises :class:`SpecError` with one located

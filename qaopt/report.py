@@ -507,6 +507,7 @@ def _agnostic_rule(rule: AgnosticRule) -> str:
         bound = Tolerance(t.metric, t.bound).describe()
         chosen = "n/a" if t.chosen_error is None else f"{t.chosen_error:.4g}"
         ucb = "n/a" if t.chosen_excess_ucb is None else f"{t.chosen_excess_ucb:+.4g}"
+        ucb += f" ({t.chosen_frames} frames)" if t.chosen_frames else ""
         rows.append(f"| {name} | {t.metric} | {t.reference_error:.4g} | {bound} | {t.allowed_excess:.4g} | {chosen} | "
                     f"{ucb} |")
     if rule.unresolved:

@@ -357,6 +357,9 @@ class NNTolerance(_Model):
     chosen_error: float | None = Field(None, description="the agnostic configuration's NN's error (None: none chosen)")
     chosen_excess_ucb: float | None = Field(None, description=(
         "the upper confidence bound of its excess error over the reference's, the figure the rule judges"))
+    chosen_frames: int | None = Field(None, description=(
+        "the validation frames it was judged on: both splits where a second look decided it, and then "
+        "reference_error and allowed_excess are on both too (None: none chosen, or a result before this field)"))
 
 
 class ExcessJudged(_Model):

@@ -421,8 +421,10 @@ class SearchContext:
                 judged = self.judgement_on_both(name, candidates[name]) or judged
             nns[name] = NNTolerance(
                 metric=tolerance.metric, bound=tolerance.bound, absolute=tolerance.absolute,
-                reference_error=reference.error, allowed_excess=tolerance.allowed(reference.error),
-                chosen_error=judged.candidate if judged else None, chosen_excess_ucb=judged.ucb if judged else None)
+                reference_error=judged.reference if judged else reference.error,
+                allowed_excess=judged.allowed if judged else tolerance.allowed(reference.error),
+                chosen_error=judged.candidate if judged else None, chosen_excess_ucb=judged.ucb if judged else None,
+                chosen_frames=judged.frames if judged else None)
         return AgnosticRule(rule=RULE, confidence=CONFIDENCE, nns=nns, unresolved=dict(unresolved or {}),
                             second_looks=list(second_looks))
 

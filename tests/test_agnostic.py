@@ -335,6 +335,7 @@ def test_a_second_validation_split_decides_a_trial_the_first_could_not(tmp_path,
     assert "a" not in found.unresolved or found.unresolved["a"].judged["a"].frames == 2 * first.frames
     rule = ctx.agnostic_rule(found.chosen, found.unresolved, found.second_looks)
     assert rule.second_looks == found.second_looks
+    assert {t.chosen_frames for t in rule.nns.values()} <= {first.frames, 2 * first.frames}
 
     again = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
     assert again.second_looks == found.second_looks and again.chosen == found.chosen

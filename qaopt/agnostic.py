@@ -428,6 +428,20 @@ def _params_key(trial: optuna.trial.FrozenTrial) -> tuple:
     return tuple(sorted(trial.params.items()))
 
 
+def unit_summary(study: optuna.Study) -> StudySummary:
+    """The unit study as the result holds it, a trial within at its second look counted feasible with the configuration
+    that look measured (Optuna's finished trials cannot change, so the study itself still says infeasible)."""
+    summary = summarize(study, OBJECTIVES)
+    decided = {n: Configuration.model_validate(e["configuration"]) for n, e in looked(study).items()
+               if "configuration" in e}
+    if not decided:
+        return summary
+    trials = [t.model_copy(update={"feasible": True, "configuration": decided[t.number]}) if t.number in decided else t
+              for t in summary.trials]
+    return summary.model_copy(update={"trials": trials,
+                                      "trials_feasible": sum(t.feasible for t in trials if t.state == "complete")})
+
+
 def second_look_records(unit: Unit, study: optuna.Study) -> list[SecondLookTrial]:
     """The unit study's second looks as the result keeps them, by trial number, each set of knobs once (at the first
     trial that proposed it)."""
@@ -553,7 +567,7 @@ def search_agnostic(ctx: SearchContext, storage: BaseStorage, region: RegionSour
     for found in unresolved.values():
         events.note(found.describe())
     return AgnosticSearch(
-        studies={f"{AGNOSTIC_STUDY_PREFIX}{u.label}": summarize(s, OBJECTIVES) for u, s in studies.items()},
+        studies={f"{AGNOSTIC_STUDY_PREFIX}{u.label}": unit_summary(s) for u, s in studies.items()},
         chosen=chosen,
         converged=convergence(ctx, {u: best_by_trial(s) for u, s in studies.items()}),
         unresolved=unresolved,

@@ -336,6 +336,10 @@ def test_a_second_validation_split_decides_a_trial_the_first_could_not(tmp_path,
     rule = ctx.agnostic_rule(found.chosen, found.unresolved, found.second_looks)
     assert rule.second_looks == found.second_looks
     assert {t.chosen_frames for t in rule.nns.values()} <= {first.frames, 2 * first.frames}
+    summary = found.studies[f"{AGNOSTIC_STUDY_PREFIX}a"]  # the report's trial table: the looks that admitted
+    admitted = {look.trial for look in looks if look.within}
+    assert admitted and all(t.feasible and t.configuration is not None for t in summary.trials if t.number in admitted)
+    assert summary.feasible_configurations()[0].latency_ms == best.latency_ms
 
     again = search_agnostic(ctx, storage, FixedRegion(ctx.space), Events().for_stage("agnostic search"))
     assert again.second_looks == found.second_looks and again.chosen == found.chosen

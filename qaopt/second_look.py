@@ -24,7 +24,7 @@ for free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ class SecondLook:
     """
 
     nns: Mapping[str, TargetNN]
-    load: Any
+    load: Callable[[TargetNN], Any]
     cache_dir: Path
     _data: dict[str, Any] = field(default_factory=dict, repr=False)
     _residuals: dict[tuple[str, str], tuple[np.ndarray, ...]] = field(default_factory=dict, repr=False)
@@ -63,11 +63,6 @@ class SecondLook:
 
     def available(self, name: str) -> bool:
         return self.split(name) is not None
-
-    def frames(self, name: str) -> int:
-        """Frames of NN ``name``'s second split (0 without one)."""
-        data = self.split(name)
-        return 0 if data is None else len(data.x_val)
 
     def residuals(self, name: str, candidate: Candidate) -> tuple[np.ndarray, ...]:
         """``candidate``'s per-frame errors on NN ``name``'s second split, one array per sequence."""

@@ -111,7 +111,12 @@ class Candidate:
             raise RuntimeError(f"candidate {self.key} of NN {self.nn!r} runs as ONNX but was loaded without an ONNX toolchain")
         return self.onnx.ort_session(self.onnx_path)
 
+    def outputs(self, x: np.ndarray) -> np.ndarray:
+        """The module's whole output for a batch of inputs (every member's columns of a merged NN), computed in its
+        own dtype."""
+        return predict_onnx(self._session, x) if self.onnx_path is not None else predict_torch(self.module, x)
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The candidate's outputs (this NN's columns) for a batch of inputs, computed in its own dtype."""
-        out = predict_onnx(self._session, x) if self.onnx_path is not None else predict_torch(self.module, x)
+        out = self.outputs(x)
         return out if self.columns is None else out[:, list(self.columns)]

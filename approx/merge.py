@@ -48,13 +48,15 @@ from .errors import ApproxError
 from .finetune import Distiller, FinetuneRecipe, reproducible, teacher_outputs
 from .knobs import Knobs
 from .pruning import output_heads
-from .quantize import predict_torch
-from .target import ErrorMetric, TargetNN
+from .quantize import CPU_BATCH, predict_torch
+from .target import ErrorMetric, TargetNN, same_frames
 
 FORMAT = 1
 """Bumped when what a stored merged NN or view means changes, so old entries are never misread."""
 VIEW_KIND, VIEW_VERSION = "approx.merged.view", 1
 MERGE_SEP = "+"
+FEATURES_GPU_BATCH = 64
+"""Frames per forward pass when a frozen part's outputs are computed on a GPU (on a CPU: ``CPU_BATCH``)."""
 
 Progress = Callable[[str], None]
 
@@ -187,6 +189,7 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
                             for m in group.members], axis=1)
     data = MergedData(d.x_train, y_train, d.x_val, y_val, d.val_sequences, fingerprint=key)
     metric = ErrorMetric(lead.metric.kind, columns[lead.name][lead.metric.column], lead.metric.threshold)
+    outputs = None  # its outputs on its training frames, where distilling it computed them
     with store.lock(key):
         folder = store.entry("merged", key)
         if folder is not None:
@@ -207,6 +210,12 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
             with _replayed(model, group, lead, d.x_train, device) as frames:
                 Distiller(frames, y_train, lambda: y_train, recipe, int(key[:8], 16), device).run(
                     model, group.finetune_steps, report)
+                if group.freeze and not group.end_to_end_steps:
+                    # What distils from the merged NN (a scale's adaptation, a pruned candidate) learns its outputs
+                    # on these frames; with the frozen part's outputs at hand only the rest runs: the same numbers
+                    # as the whole NN's at the batch teacher_outputs takes, for a tenth of a minute's work.
+                    with reproducible(torch.device(device)):
+                        outputs = predict_torch(model, frames, device=device)
             if group.end_to_end_steps:
                 progress(f"{merging}: distilling {group.end_to_end_steps} steps end to end (once per cache)")
                 Distiller(d.x_train, y_train, lambda: y_train, recipe, int(key[8:16], 16), device).run(
@@ -214,7 +223,10 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
             (store.root / "merged").mkdir(exist_ok=True)
             with store.writing("merged", key) as tmp:
                 store.save_module(model, tmp)
-    return TargetNN(group.name, model, data, tuple(lead.input_shape), metric, architecture=key)
+    target = TargetNN(group.name, model, data, tuple(lead.input_shape), metric, architecture=key)
+    if outputs is not None and store.teacher_outputs(target.fingerprint) is None:
+        store.save_teacher_outputs(target.fingerprint, outputs)
+    return target
 
 
 class _Replay(nn.Module):
@@ -235,23 +247,60 @@ class _ReplayedFrames:
     """The training frames as the Distiller samples them, telling the replay which frames each batch holds.
 
     What the student computes from a batch's frames before the frozen part is thrown away (the replay stands in for
-    the part's outputs, and nothing before it gets a gradient), so every batch of one size is the same frames,
-    converted to float once: the profile of session 37's README run put 25 CPU s in converting training frames,
-    most of them these batches', and the stand-in changes no bit of the merged NN."""
+    the part's outputs, and nothing before it gets a gradient), so every batch of one size reads the same stand-in,
+    made once: the profile of session 37's README run put 25 CPU s in converting training frames, most of them these
+    batches'. Where nothing with state runs before the frozen part (CropFollow's NNs only normalise the frame), the
+    stand-in is one value per channel (``shape``), not a frame: normalising and reordering a full-size batch on
+    every step was a third of a merged NN's frozen distillation (session 48's profile). Neither changes a bit of
+    the merged NN."""
 
-    def __init__(self, frames, replay: _Replay):
-        self.frames, self.replay = frames, replay
+    def __init__(self, frames, replay: _Replay, shape: tuple[int, ...] | None = None):
+        self.frames, self.replay, self.shape = frames, replay, shape
         self._stand_in: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.frames)
 
-    def __getitem__(self, rows: np.ndarray):
-        self.replay.rows = np.asarray(rows)
+    def __getitem__(self, rows: np.ndarray | slice):
+        self.replay.rows = np.arange(len(self.frames))[rows]
         n = len(self.replay.rows)
         if n not in self._stand_in:
-            self._stand_in[n] = np.asarray(self.frames[np.arange(n)], dtype=np.float32)
+            self._stand_in[n] = (np.zeros((n, *self.shape), dtype=np.float32) if self.shape is not None
+                                 else np.asarray(self.frames[np.arange(n)], dtype=np.float32))
         return self._stand_in[n]
+
+
+def _small_stand_in(model: nn.Module, replay: _Replay, frames) -> tuple[int, ...] | None:
+    """The shape of one frame's small stand-in (its channels, every other side 1) when ``model``, its frozen part
+    replayed, runs it to the same output shape and nothing that runs before the replay keeps state a training step
+    would change (a BatchNorm's running statistics); else ``None``: the stand-in is a full-size frame."""
+    full = np.asarray(frames[np.arange(1)], dtype=np.float32)
+    shape = (full.shape[1], *(1,) * (full.ndim - 2)) if full.ndim > 2 else None
+    if shape is None:
+        return None
+    called: list[nn.Module] = []
+    hooks = [m.register_forward_pre_hook(lambda module, args: called.append(module)) for m in model.modules()]
+    replay.rows = np.arange(1)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            expected = model(torch.from_numpy(full)).shape
+            called.clear()
+            small = model(torch.zeros((1, *shape))).shape
+    except Exception:  # noqa: BLE001 - a layer before the frozen part that needs the frame's size: use the frame
+        return None
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    if small != expected or replay not in called:
+        return None
+    ancestors = {id(m) for m in model.modules() if any(c is replay for c in m.modules())}
+    before = called[:called.index(replay)]
+    if any(any(True for _ in m.buffers(recurse=False)) for m in before if id(m) not in ancestors):
+        return None
+    return shape
 
 
 def frozen_part(group: MergeGroup, lead: TargetNN) -> nn.Module:
@@ -288,17 +337,21 @@ def _replayed(model: MergedHeads, group: MergeGroup, lead: TargetNN, frames, dev
     owner = model.model.get_submodule(parent)
     setattr(owner, name, replay)
     try:
-        yield _ReplayedFrames(frames, replay)
+        yield _ReplayedFrames(frames, replay, _small_stand_in(model, replay, frames))
     finally:
         setattr(owner, name, part)
 
 
-def _outputs_of(model: nn.Module, part: nn.Module, path: str, group: MergeGroup, frames, device: str,
-                batch: int = 64) -> torch.Tensor:
-    """``part``'s outputs when ``model`` (in eval mode, as it runs) reads each of ``frames``, on the CPU."""
+def _outputs_of(model: nn.Module, part: nn.Module, path: str, group: MergeGroup, frames, device: str) -> torch.Tensor:
+    """``part``'s outputs when ``model`` (in eval mode, as it runs) reads each of ``frames``, on the CPU.
+
+    On a CPU the frames go through :data:`~.quantize.CPU_BATCH` at a time, as every prediction does: CropFollow's
+    compact backbone took 3.7 ms a frame at 8 against 6.7 at 64, with the same features to the bit (session 48).
+    """
     captured: list = []
     hook = part.register_forward_hook(lambda module, args, out: captured.append(out))
     there = torch.device(device)
+    batch = CPU_BATCH if there.type == "cpu" else FEATURES_GPU_BATCH
     model.eval().to(there)
     outputs = []
     try:
@@ -318,9 +371,10 @@ def _outputs_of(model: nn.Module, part: nn.Module, path: str, group: MergeGroup,
 
 
 def _reference_outputs(member: TargetNN, lead: TargetNN, split: str, store: Store, device: str) -> np.ndarray:
-    """``member``'s reference outputs on the lead's ``split`` frames (its teacher outputs when they are its own)."""
-    if split == "train" and member is lead:
-        return teacher_outputs(lead, store, device)
+    """``member``'s reference outputs on the lead's ``split`` frames (its teacher outputs when they are its own
+    frames: the lead's, or a member that reads the same ones, as CropFollow's heading and distance do)."""
+    if split == "train" and (member is lead or same_frames(member.data.x_train, lead.data.x_train)):
+        return teacher_outputs(member, store, device)
     key = content_hash("approx.merged.reference", member.fingerprint, lead.fingerprint, split)
     outputs = store.teacher_outputs(key)
     if outputs is None:
@@ -391,10 +445,14 @@ def build_merged(group: MergeGroup, knobs: Knobs, *, cache_dir: str | Path | Non
         meta = read_json(folder / "view.json", VIEW_KIND, VIEW_VERSION) if store.entry("views", merged.key) else None
         if meta is None:
             with store.writing("views", merged.key) as tmp:
-                meta = {}
+                meta, ran = {}, []  # (frames, the merged NN's outputs on them): members reading one camera share a run
                 for m in group.members:
                     d = m.data
-                    pred = merged.predict(d.x_val)[:, columns[m.name]]
+                    whole = next((out for frames, out in ran if same_frames(frames, d.x_val)), None)
+                    if whole is None:
+                        whole = merged.predict(d.x_val)
+                        ran.append((d.x_val, whole))
+                    pred = whole[:, columns[m.name]]
                     meta[m.name] = {"metric": m.metric.kind, "error": m.metric(pred, np.asarray(d.y_val))}
                     np.savez(tmp / f"residuals-{m.name}.npz", *m.metric.residuals(pred, np.asarray(d.y_val),
                                                                                    d.val_sequences))

@@ -38,7 +38,9 @@ class NNData(Protocol):
     the empirical injector. An optional ``fingerprint`` string attribute, a content
     hash of all the data (or of the recipe that generates it), saves hashing the
     images, and keeps a candidate's key the same on machines whose floating point
-    differs in the last bit.
+    differs in the last bit. The ``x_*`` array-likes may carry a ``frames_key`` (any
+    comparable value, ``None`` for unknown): two with equal keys hold the same frames,
+    so work on them is shared between NNs that read one camera (:func:`same_frames`).
     """
 
     x_train: np.ndarray
@@ -46,6 +48,15 @@ class NNData(Protocol):
     x_val: np.ndarray
     y_val: np.ndarray
     val_sequences: Sequence[np.ndarray]
+
+
+def same_frames(a: object, b: object) -> bool:
+    """Whether the array-likes ``a`` and ``b`` hold the same frames: the same object, or equal ``frames_key``s
+    (:class:`NNData`), which name the frames without reading them."""
+    if a is b:
+        return True
+    key = getattr(a, "frames_key", None)
+    return key is not None and key == getattr(b, "frames_key", None)
 
 
 @dataclass(frozen=True)

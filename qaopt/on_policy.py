@@ -29,6 +29,7 @@ from qaopt.app_spec.errors import QaoptError
 from qaopt.app_spec.hashing import content_hash
 from qaopt.calibrate import Recorder, Recording
 from qaopt.calibrate.app_calls import ApplicationFault, call_application
+from qaopt.executor import machine_cores
 from qaopt.spec_adapter import limits_of, make_evaluator, simulator_key
 
 ON_POLICY_SEED_BASE = 7_000_000
@@ -138,7 +139,10 @@ def recorded(spec: AppSpec, evaluator: Recorder, nns: Mapping[str, Any], seeds: 
                 return pickle.load(f)
         except Exception as exc:  # noqa: BLE001 - a damaged pickle raises anything from EOFError to KeyError
             store.set_aside(path, f"it does not load: {type(exc).__name__}")
-    outcome = call_application(evaluator, "record_perception", nns, seeds, limits_of(spec), extra=(steps,))
+    # Nothing else runs meanwhile: the drives' frames of a step render on every core (a simulator that declares
+    # render_threads; the frames are the same on any number)
+    outcome = call_application(evaluator, "record_perception", nns, seeds, limits_of(spec), extra=(steps,),
+                               render_threads=machine_cores())
     if outcome.failure is not None:
         raise ApplicationFault.raised(outcome.failure, what)
     recordings = dict(outcome.result)

@@ -213,6 +213,7 @@ class SearchContext:
     _measured: dict[tuple, MeasuredConfiguration] = field(default_factory=dict, repr=False, compare=False)
     _quick: dict[tuple, tuple[float, int | None]] = field(default_factory=dict, repr=False, compare=False)
     _strata: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict, repr=False, compare=False)
+    _shared_outputs: dict[str, dict] = field(default_factory=dict, repr=False, compare=False)
     _judged: dict[tuple[str, str], Judgement] = field(default_factory=dict, repr=False, compare=False)
     _rebuilt: dict[tuple, Rebuilt] = field(default_factory=dict, repr=False, compare=False)
 
@@ -379,8 +380,10 @@ class SearchContext:
         key = (candidate.nn, candidate.key)
         if key not in self._strata:
             metric = self.nns[candidate.nn].metric
-            self._strata[key] = cached_errors(self.stress, self.cache_dir, candidate.nn, candidate.key,
-                                              lambda: self.stress.errors(candidate.nn, candidate.predict, metric))
+            # a merged NN's views share its outputs: one run of it per stratum's frames serves every view
+            shared = None if candidate.columns is None else self._shared_outputs.setdefault(candidate.key, {})
+            self._strata[key] = cached_errors(self.stress, self.cache_dir, candidate.nn, candidate.key, lambda: (
+                self.stress.errors(candidate.nn, candidate.outputs, metric, candidate.columns, shared)))
         return self._strata[key]
 
     def judgement(self, name: str, candidate: Candidate) -> Judgement:

@@ -23,7 +23,7 @@ would, which is what the region has calibrated. Bias and sigma axes keep their c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -76,20 +76,34 @@ class StressSet:
     key: str
     strata: Mapping[str, Mapping[str, Recording]]
 
-    def predictions(self, nn: str, predict: Predict) -> dict[str, np.ndarray]:
+    def predictions(self, nn: str, predict: Predict, shared: dict | None = None) -> dict[str, np.ndarray]:
         """What an NN that computes ``predict`` outputs on each stratum's frames of NN ``nn``, in recording order
-        (beside ``strata[name][nn].truth``: the per-frame errors a fidelity study looks into)."""
+        (beside ``strata[name][nn].truth``: the per-frame errors a fidelity study looks into).
+
+        ``shared`` (one dict per module, kept by the caller) keeps each stratum's outputs by the frames they were
+        computed on: the recordings of NNs that read one camera hold one frames object, so a merged NN serving
+        them runs once on a stratum's frames for all its views, not once per view."""
         out = {}
         for name, recordings in self.strata.items():
             inputs = recordings[nn].inputs
-            out[name] = np.concatenate([np.asarray(predict(inputs[i : i + PREDICT_CHUNK]), dtype=np.float64)
-                                        for i in range(0, len(inputs), PREDICT_CHUNK)])
+            key = (name, id(inputs))  # the recordings live as long as this set, so their ids name them
+            if shared is None or key not in shared:
+                outputs = np.concatenate([np.asarray(predict(inputs[i : i + PREDICT_CHUNK]), dtype=np.float64)
+                                          for i in range(0, len(inputs), PREDICT_CHUNK)])
+                if shared is None:
+                    out[name] = outputs
+                    continue
+                shared[key] = outputs
+            out[name] = shared[key]
         return out
 
-    def errors(self, nn: str, predict: Predict, metric: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, float]:
-        """NN ``nn``'s error metric on each stratum, for an NN that computes ``predict``."""
-        return {name: float(metric(pred, np.asarray(self.strata[name][nn].truth)))
-                for name, pred in self.predictions(nn, predict).items()}
+    def errors(self, nn: str, predict: Predict, metric: Callable[[np.ndarray, np.ndarray], float],
+               columns: Sequence[int] | None = None, shared: dict | None = None) -> dict[str, float]:
+        """NN ``nn``'s error metric on each stratum, for an NN that computes ``predict`` (its ``columns`` of it,
+        where given: a merged NN's view; ``shared`` as for :meth:`predictions`)."""
+        return {name: float(metric(pred if columns is None else pred[:, list(columns)],
+                                   np.asarray(self.strata[name][nn].truth)))
+                for name, pred in self.predictions(nn, predict, shared).items()}
 
 
 def record_stress(spec: AppSpec, models: Mapping[str, Any], fingerprints: Mapping[str, str],

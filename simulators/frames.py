@@ -6,6 +6,7 @@ recordings and the closed loop feed the NNs exactly the same numbers.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,17 @@ class FrameArray:
 
     def __len__(self) -> int:
         return self.shape[0]
+
+    @property
+    def frames_key(self) -> tuple | None:
+        """What names these frames without reading them: the files of memory-mapped shards and the rows taken from
+        them (``None`` for shards held in memory). Arrays with equal keys hold the same frames, so NNs whose data read
+        one camera's frames (CropFollow's heading and distance) share the work done on them
+        (``qaopt.approx.target.same_frames``)."""
+        if not all(isinstance(s, np.memmap) and s.filename for s in self._shards):
+            return None
+        shards = tuple((str(s.filename), s.offset, s.shape) for s in self._shards)
+        return shards, hashlib.sha256(self._index.tobytes()).hexdigest()
 
     def uint8(self, idx: Any) -> np.ndarray:
         """The stored frames (M, H, W, 3) uint8 at ``idx``."""

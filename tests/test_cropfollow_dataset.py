@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qaopt.approx.target import same_frames
 from qaopt.simulators.cropfollow import CropFollowParamError, reference_dataset
+from qaopt.simulators.frames import FrameArray
 
 SMALL = {"n_train": 12, "val_drives": 2, "val_frames_per_drive": 6, "seed": 3}
 
@@ -36,6 +38,10 @@ def test_labels_and_drives(data, tmp_path):
     assert heading.path == data.path  # one set of frames, two label columns
     assert not np.array_equal(heading.y_train, data.y_train)
     assert heading.fingerprint != data.fingerprint
+    # ... which the approx layer tells apart from other frames without reading them
+    assert same_frames(heading.x_train, data.x_train) and same_frames(heading.x_val, data.x_val)
+    assert not same_frames(heading.x_train, data.x_val)
+    assert not same_frames(FrameArray([data.x_train.uint8(slice(None))]), data.x_train), "frames in memory: no key"
 
 
 def test_cached_and_deterministic(data, tmp_path):

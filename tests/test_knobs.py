@@ -214,12 +214,51 @@ def test_a_frozen_backbones_distillation_needs_no_batch_converted_only_its_rows(
     stand_in = merged_target(frozen, cache_dir=tmp_path / "stand-in", recipe=FAST).model.state_dict()
 
     def own_frames(self, rows):
-        self.replay.rows = np.asarray(rows)
+        self.replay.rows = np.arange(len(self.frames))[rows]
         return self.frames[rows]
 
     monkeypatch.setattr(merge._ReplayedFrames, "__getitem__", own_frames)
     own = merged_target(frozen, cache_dir=tmp_path / "own", recipe=FAST).model.state_dict()
     assert stand_in.keys() == own.keys() and all(torch.equal(stand_in[k], own[k]) for k in own)
+
+
+def test_a_frozen_distillation_keeps_the_merged_nns_outputs_as_its_students_teacher(pair, tmp_path):
+    """Distilling on the frozen part's replayed outputs leaves the merged NN's outputs on its training frames where
+    its students' distillation reads them: the numbers the whole NN computes, to the bit."""
+    import copy
+
+    from qaopt.approx.cache import Store
+    from qaopt.approx.merge import merged_target
+    from qaopt.approx.quantize import predict_torch
+
+    target = merged_target(MergeGroup(pair, finetune_steps=30, freeze="backbone"), cache_dir=tmp_path, recipe=FAST)
+    kept = Store(tmp_path).teacher_outputs(target.fingerprint)
+    assert kept is not None
+    whole = predict_torch(copy.deepcopy(target.model).float().eval(), target.data.x_train)
+    assert np.array_equal(kept, whole)
+
+
+@pytest.mark.parametrize(("pre", "stand_in"), [
+    (torch.nn.Identity(), (3, 1, 1)),
+    (torch.nn.BatchNorm2d(3), None),  # a training step would move its running statistics
+    (torch.nn.Conv2d(3, 3, 5), None),  # needs at least 5x5 pixels
+])
+def test_the_frozen_phase_reads_one_value_per_channel_where_nothing_before_the_frozen_part_needs_the_frame(
+        pre, stand_in):
+    from qaopt.approx.merge import _Replay, _small_stand_in
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pre, self.backbone, self.head = pre, torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.backbone(self.pre(x)).mean((2, 3)))
+
+    net, frames = Net(), np.random.default_rng(0).random((6, 3, 12, 16), dtype=np.float32)
+    net.backbone = _Replay(torch.randn(6, 4, 6, 8))
+    assert _small_stand_in(net, net.backbone, frames) == stand_in
+    assert net.training, "the probe leaves the model in the mode it found it in"
 
 
 @pytest.mark.parametrize(("freeze", "message"), [

@@ -65,7 +65,7 @@ def test_stress_recordings_are_deterministic_and_cached(tmp_path, monkeypatch):
     calls = []
     original = rareapp.RareEvaluator.record_perception
     monkeypatch.setattr(rareapp.RareEvaluator, "record_perception",
-                        lambda self, *a, **k: calls.append(self.glare_rate) or original(self, *a, **k))
+                        lambda self, *a: calls.append(self.glare_rate) or original(self, *a))
     first = record_stress(spec, models, prints, tmp_path / "a")
     assert calls == [0.3]  # the stratum's params reach the simulator
     again = record_stress(spec, models, prints, tmp_path / "a")
@@ -112,3 +112,27 @@ def test_optimize_places_configurations_with_the_strata_and_the_report_says_so(t
     assert result.stress_strata["v"]["glare"] == pytest.approx(result.reference.nns["v"].error, rel=0.5)
     report = (spec.source.parent / "runs" / "report.md").read_text()
     assert "Coordinates include the spec's stress strata" in report and "| v | " in report
+
+
+def test_a_merged_nns_views_run_it_once_on_the_frames_their_recordings_share():
+    from qaopt.calibrate import Recording
+    from qaopt.stress import StressSet
+
+    frames = np.arange(12, dtype=np.float32).reshape(6, 2)  # one camera: both NNs' recordings hold this object
+    drives = (np.arange(6),)
+    stress = StressSet("key", {"gaps": {"a": Recording(frames, frames[:, [0]], drives),
+                                        "b": Recording(frames, 2 * frames[:, [1]], drives)}})
+    runs = []
+
+    def merged(x):  # both members' columns, as a merged NN computes them
+        runs.append(len(x))
+        return np.stack([x[:, 0], 2 * x[:, 1]], axis=1)
+
+    def l1(pred, truth):
+        return float(np.abs(pred - truth).mean())
+
+    shared: dict = {}
+    assert stress.errors("a", merged, l1, columns=[0], shared=shared) == {"gaps": 0.0}
+    assert stress.errors("b", merged, l1, columns=[1], shared=shared) == {"gaps": 0.0}
+    assert runs == [6], "the second view read the first one's outputs"
+    assert stress.errors("b", merged, l1, columns=[1]) == {"gaps": 0.0} and runs == [6, 6]

@@ -32,8 +32,9 @@ class Profile(BaseModel):
 
 
 PROFILES: dict[str, Profile] = {
-    # Finishes the shipped example in 9-10 minutes on a 2-core Zen 5 CPU and 13-16 on a Zen 4 one, both with bf16
-    # (sessions 37-38; 1-3 of them distilling its merged NN on a frozen backbone, once per cache): few trials,
+    # Finishes the shipped example in about 9 minutes on a 2-core CPU with bf16 (a Xeon with AMX, a Zen 5 EPYC) and
+    # about 11 on a Zen 4 one (docs/BENCHMARKS.md, "The quick run's CPU work"; about a minute of it distilling its
+    # merged NN on a frozen backbone, once per cache): few trials,
     # fine-tuning capped at 160 steps, untuned kernels (so no TVM), and a short closed-loop check of the winner.
     # The cap is what lets a scaled NN keep its accuracy:
     # CropFollow's merged NN at input scale 0.5, int8, erred distance L1 0.051 after 40 distillation steps (an

@@ -1,19 +1,22 @@
-"""What the in-graph resize of a scaled int8 candidate costs on OpenVINO's CPU plugin, op by op (issue 30).
+"""What the in-graph resize of a scaled int8 candidate costs, op by op, on OpenVINO's or ONNX Runtime's CPU backend
+(issue 30).
 
     python benchmarks/resize_cost.py --cache-dir <a run's cache> --candidate LABEL=KEY ... [--threads 2]
-        [--repeats 300] --json docs/benchmarks/resize_cost.json
+        [--repeats 300] [--backend openvino|onnxruntime] --json docs/benchmarks/resize_cost.json
 
 A scaled candidate resizes the full frame inside its graph (``qaopt.approx.resolution``), so its latency includes
 the resize. For each candidate (``LABEL=KEY``: a key under ``<cache>/approx/candidates/``, as ``result.json``'s
-``candidate`` fields name them) this compiles its int8 ONNX graph on OpenVINO's CPU plugin with ``--threads``
-inference threads and per-op profiling, times ``--repeats`` single-frame inferences after a warm-up, and records the
-median and the five costliest ops of the last inference (OpenVINO's own profile: real time, op type, kernel).
+``candidate`` fields name them) this compiles its int8 ONNX graph with ``--threads`` inference threads and per-op
+profiling, times ``--repeats`` single-frame inferences after a warm-up, and records the median and the five costliest
+ops. OpenVINO: its own profile of the last inference (real time, op type, kernel). ONNX Runtime: its profiler's kernel
+times over every inference, summed per op type and divided by the inferences (time a frame, op type, node count).
 Writes ``--json``: the machine, the date, the command and one row per candidate.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -24,6 +27,22 @@ from pathlib import Path
 import numpy as np
 
 
+WARMUP = 50
+FRAME = np.random.default_rng(0).random((1, 3, 240, 320), dtype=np.float32)
+
+
+def median_ms(infer, repeats: int) -> float:
+    """The median of ``repeats`` timed calls of ``infer`` after :data:`WARMUP` untimed ones, in ms."""
+    for _ in range(WARMUP):
+        infer()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        infer()
+        seconds.append(time.perf_counter() - start)
+    return round(float(np.median(seconds)) * 1e3, 4)
+
+
 def profile(path: Path, threads: int, repeats: int) -> dict:
     import openvino as ov
 
@@ -31,19 +50,39 @@ def profile(path: Path, threads: int, repeats: int) -> dict:
     compiled = core.compile_model(core.read_model(str(path)), "CPU",
                                   {"INFERENCE_NUM_THREADS": threads, "PERF_COUNT": "YES"})
     request = compiled.create_infer_request()
-    frame = np.random.default_rng(0).random((1, 3, 240, 320), dtype=np.float32)
-    for _ in range(50):
-        request.infer({0: frame})
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        request.infer({0: frame})
-        seconds.append(time.perf_counter() - start)
+    median = median_ms(lambda: request.infer({0: FRAME}), repeats)
     ops = sorted(((p.real_time.total_seconds() * 1e3, p.node_type, p.exec_type) for p in request.profiling_info),
                  reverse=True)
-    return {"median_ms": round(float(np.median(seconds)) * 1e3, 4),
+    return {"median_ms": median,
             "costliest_ops": [{"ms": round(ms, 4), "op": op, "kernel": kernel} for ms, op, kernel in ops[:5]],
             "resize_ms": round(sum(ms for ms, op, _ in ops if op == "Interpolate"), 4)}
+
+
+def profile_onnxruntime(path: Path, threads: int, repeats: int) -> dict:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads, options.enable_profiling = threads, 1, True
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: FRAME}
+    median = median_ms(lambda: session.run(None, feed), repeats)
+    trace = Path(session.end_profiling())
+    events = json.loads(trace.read_text())
+    trace.unlink()
+    us, nodes = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            us[e["args"]["op_name"]] += e["dur"]
+            nodes[e["args"]["op_name"]] += 1
+    runs = WARMUP + repeats
+    ops = [(us[op] / runs / 1e3, op, nodes[op] // runs) for op in us]
+    ops.sort(reverse=True)
+    return {"median_ms": median,
+            "costliest_ops": [{"ms": round(ms, 4), "op": op, "nodes": n} for ms, op, n in ops[:5]],
+            "resize_ms": round(sum(ms for ms, op, _ in ops if op == "Resize"), 4)}
+
+
+PROFILERS = {"openvino": profile, "onnxruntime": profile_onnxruntime}
 
 
 def main() -> None:
@@ -52,6 +91,7 @@ def main() -> None:
     ap.add_argument("--candidate", nargs="+", required=True, help="LABEL=KEY, e.g. 'merged 0.75 int8=4b463de1fee4e8ad'")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=300)
+    ap.add_argument("--backend", choices=sorted(PROFILERS), default="openvino")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
 
@@ -63,12 +103,12 @@ def main() -> None:
         path = args.cache_dir / "approx" / "candidates" / key / "model.int8.onnx"
         if not path.is_file():
             sys.exit(f"--candidate {item}: no int8 graph at {path}")
-        row = {"label": label, "candidate": key, **profile(path, args.threads, args.repeats)}
+        row = {"label": label, "candidate": key, **PROFILERS[args.backend](path, args.threads, args.repeats)}
         print(f"{label}: {row['median_ms']} ms, resize {row['resize_ms']} ms", flush=True)
         rows.append(row)
     out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform()},
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python", *sys.argv]),
-           "threads": args.threads, "repeats": args.repeats, "rows": rows}
+           "backend": args.backend, "threads": args.threads, "repeats": args.repeats, "rows": rows}
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.json}")
 

@@ -8,8 +8,12 @@ A scaled candidate resizes the full frame inside its graph (``qaopt.approx.resol
 the resize. For each candidate (``LABEL=KEY``: a key under ``<cache>/approx/candidates/``, as ``result.json``'s
 ``candidate`` fields name them) this compiles its int8 ONNX graph with ``--threads`` inference threads and per-op
 profiling, times ``--repeats`` single-frame inferences after a warm-up, and records the median and the five costliest
-ops. OpenVINO: its own profile of the last inference (real time, op type, kernel). ONNX Runtime: its profiler's kernel
-times over every inference, summed per op type and divided by the inferences (time a frame, op type, node count).
+ops, with the time of all ops together (``ops_ms``; the median's rest is the call itself: handing the frame over,
+scheduling, synchronising). OpenVINO: its own profile of the last inference (real time, op type, kernel), the frame
+handed over in place as qaopt's backend does (``kernels.openvino_backend.ZERO_COPY``) and, as
+``median_copied_ms``, by the Python API's default, which copies the frame in and the outputs out. ONNX Runtime:
+its profiler's kernel times over every inference, summed per op type and divided by the inferences (time a frame, op
+type, node count).
 Writes ``--json``: the machine, the date, the command and one row per candidate.
 """
 
@@ -46,14 +50,18 @@ def median_ms(infer, repeats: int) -> float:
 def profile(path: Path, threads: int, repeats: int) -> dict:
     import openvino as ov
 
+    from qaopt.kernels.openvino_backend import ZERO_COPY
+
     core = ov.Core()
     compiled = core.compile_model(core.read_model(str(path)), "CPU",
                                   {"INFERENCE_NUM_THREADS": threads, "PERF_COUNT": "YES"})
     request = compiled.create_infer_request()
-    median = median_ms(lambda: request.infer({0: FRAME}), repeats)
+    copied = median_ms(lambda: request.infer({0: FRAME}), repeats)
+    median = median_ms(lambda: request.infer({0: FRAME}, **ZERO_COPY), repeats)
     ops = sorted(((p.real_time.total_seconds() * 1e3, p.node_type, p.exec_type) for p in request.profiling_info),
                  reverse=True)
-    return {"median_ms": median,
+    return {"median_ms": median, "median_copied_ms": copied, "ops_ms": round(sum(ms for ms, _, _ in ops), 4),
+            "ops": len(ops),
             "costliest_ops": [{"ms": round(ms, 4), "op": op, "kernel": kernel} for ms, op, kernel in ops[:5]],
             "resize_ms": round(sum(ms for ms, op, _ in ops if op == "Interpolate"), 4)}
 
@@ -77,7 +85,7 @@ def profile_onnxruntime(path: Path, threads: int, repeats: int) -> dict:
     runs = WARMUP + repeats
     ops = [(us[op] / runs / 1e3, op, nodes[op] // runs) for op in us]
     ops.sort(reverse=True)
-    return {"median_ms": median,
+    return {"median_ms": median, "ops_ms": round(sum(ms for ms, _, _ in ops), 4), "ops": sum(n for _, _, n in ops),
             "costliest_ops": [{"ms": round(ms, 4), "op": op, "nodes": n} for ms, op, n in ops[:5]],
             "resize_ms": round(sum(ms for ms, op, _ in ops if op == "Resize"), 4)}
 
@@ -104,7 +112,7 @@ def main() -> None:
         if not path.is_file():
             sys.exit(f"--candidate {item}: no int8 graph at {path}")
         row = {"label": label, "candidate": key, **PROFILERS[args.backend](path, args.threads, args.repeats)}
-        print(f"{label}: {row['median_ms']} ms, resize {row['resize_ms']} ms", flush=True)
+        print(f"{label}: {row['median_ms']} ms, its ops {row['ops_ms']} ms, resize {row['resize_ms']} ms", flush=True)
         rows.append(row)
     out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform()},
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python", *sys.argv]),

@@ -30,6 +30,13 @@ PRECISION = {"float32": "f32", "onnx": "f32", "bfloat16": "bf16"}
 """The inference precision OpenVINO runs each model dtype in (an ONNX file, fp32 or int8 QDQ, as given)."""
 
 
+ZERO_COPY = {"share_inputs": True, "share_outputs": True}
+"""How a frame is handed to OpenVINO and its outputs read back: in place, as a deployed NN reads its camera buffer. By
+default the Python API copies every input into the request and every output into a new dict; for a 240x320 frame that
+was 0.2 ms of each inference on a 2-core Xeon (0.55 against 0.34 ms for CropFollow's merged int8 NN at half the input,
+``benchmarks/resize_cost.py``, docs/BENCHMARKS.md), measured as if it were the NN's."""
+
+
 class OpenVinoCompiled(LocalCompiled):
     backend = "openvino"
 
@@ -48,12 +55,12 @@ class OpenVinoCompiled(LocalCompiled):
                 for i, x in enumerate(inputs)}
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        self.request.infer(self._feed_of(inputs) if inputs else self._feed)
+        self.request.infer(self._feed_of(inputs) if inputs else self._feed, **ZERO_COPY)
         return [self.request.get_output_tensor(i).data.copy() for i in range(len(self.compiled.outputs))]
 
     def inference(self) -> Callable[[], Any]:
         request, feed = self.request, self._feed
-        return lambda: request.infer(feed)
+        return lambda: request.infer(feed, **ZERO_COPY)
 
     def export(self, path: str | Path) -> Path:
         """The OpenVINO IR (``.xml`` with its ``.bin`` beside it), loadable with ``openvino.Core().read_model``."""

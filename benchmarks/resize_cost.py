@@ -47,7 +47,7 @@ def median_ms(infer, repeats: int) -> float:
     return round(float(np.median(seconds)) * 1e3, 4)
 
 
-def profile(path: Path, threads: int, repeats: int) -> dict:
+def profile_openvino(path: Path, threads: int, repeats: int) -> dict:
     import openvino as ov
 
     from qaopt.kernels.openvino_backend import ZERO_COPY
@@ -90,7 +90,7 @@ def profile_onnxruntime(path: Path, threads: int, repeats: int) -> dict:
             "resize_ms": round(sum(ms for ms, op, _ in ops if op == "Resize"), 4)}
 
 
-PROFILERS = {"openvino": profile, "onnxruntime": profile_onnxruntime}
+PROFILERS = {"openvino": profile_openvino, "onnxruntime": profile_onnxruntime}
 
 
 def main() -> None:

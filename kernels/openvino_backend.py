@@ -33,7 +33,7 @@ PRECISION = {"float32": "f32", "onnx": "f32", "bfloat16": "bf16"}
 ZERO_COPY = {"share_inputs": True, "share_outputs": True}
 """How a frame is handed to OpenVINO and its outputs read back: in place, as a deployed NN reads its camera buffer. By
 default the Python API copies every input into the request and every output into a new dict; for a 240x320 frame that
-was 0.2 ms of each inference on a 2-core Xeon (0.55 against 0.34 ms for CropFollow's merged int8 NN at half the input,
+was 0.2 ms of each inference on a 2-core Xeon (0.53 against 0.34 ms for CropFollow's merged int8 NN at half the input,
 ``benchmarks/resize_cost.py``, docs/BENCHMARKS.md), measured as if it were the NN's."""
 
 

@@ -57,8 +57,10 @@ def pruned(ratio: float, round_to: int):
     return net.eval(), sorted(set(channel_counts(net).values())), int(macs)
 
 
-def model_files(net, dtype: str, path: Path) -> Path:
-    """What a cell loads: the int8 QDQ graph from qaopt's quantizer, or the bf16 module saved whole."""
+def model_file(net, dtype: str, path: Path) -> Path:
+    """What a cell loads: the int8 QDQ graph from qaopt's quantizer, or a bf16 copy of the module saved whole."""
+    import copy
+
     import numpy as np
     import torch
 
@@ -69,8 +71,7 @@ def model_files(net, dtype: str, path: Path) -> Path:
         calibration = np.random.default_rng(0).random((16, *INPUT_SHAPE[1:]), dtype=np.float32)
         return Path(quantize_int8(net, torch.zeros(INPUT_SHAPE), calibration, path.with_suffix(".onnx"), "heading",
                                   kernels.onnx))
-    torch.save(net.to(torch.bfloat16), path.with_suffix(".pt"))
-    net.float()
+    torch.save(copy.deepcopy(net).to(torch.bfloat16), path.with_suffix(".pt"))
     return path.with_suffix(".pt")
 
 
@@ -97,7 +98,7 @@ def main() -> None:
                 row: dict[str, Any] = {"prune_ratio": ratio, "round_to": round_to if ratio else None,
                                        "widths": widths, "mmacs": round(macs / 1e6, 1), "latency": {}}
                 for dtype, backend in cells:
-                    model = model_files(net, dtype, folder / f"r{ratio}-k{round_to}-{dtype}")
+                    model = model_file(net, dtype, folder / f"r{ratio}-k{round_to}-{dtype}")
                     row["latency"][f"{dtype} {backend}"] = c = cell_in_new_process(
                         model, backend, INPUT_SHAPE, args.threads, cache)
                     print(f"ratio {ratio} round_to {round_to} widths {widths} {dtype} {backend}: {show(c)}",

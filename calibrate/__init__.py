@@ -24,7 +24,7 @@ from __future__ import annotations
 from qaopt.app_spec.lazy import lazy_exports
 
 _EXPORTS = {
-    "acceptance": ("AcceptanceTest", "QoSGoal", "Verdict"),
+    "acceptance": ("AcceptanceTest", "QoSGoal", "SequentialTest", "Verdict"),
     "app_calls": ("AppFailure", "ApplicationFault", "RunLimits", "call_application"),
     "blocks": ("BlockCache", "run_blocks"),
     "calibration": ("Calibration", "Progress"),

@@ -18,18 +18,17 @@ in-search check) reuses the blocks a shorter one ran.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from qaopt.app_spec import content_hash, store
 from qaopt.application import check_method
-from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, Verdict
+from qaopt.calibrate import AcceptanceTest, Application, Perception, QoSGoal, SequentialTest, Verdict
 from qaopt.calibrate.app_calls import ApplicationFault, Outcome, RunLimits
 from qaopt.calibrate.blocks import BlockCache, Given, run_blocks, workers_of
 from qaopt.calibrate.protocols import records_problem
@@ -60,53 +59,20 @@ class BlockProgress:
     verdict: str
 
 
-def acceptable_failures(test: AcceptanceTest, runs: int) -> int:
-    """The most failures among ``runs`` runs that still accept (``-1``: ``runs`` is too few to accept at all)."""
-    f = -1
-    while f + 1 <= runs and test.decide_fixed(f + 1, runs) == Verdict.VALID:
-        f += 1
-    return f
-
-
-@dataclass(frozen=True)
-class StopRule:
-    """When a configuration's closed-loop runs stop: after a block, once the acceptance test rejects it or it failed
-    more runs than any acceptance within ``runs`` tolerates, so a failing configuration costs a block or two."""
-
-    test: AcceptanceTest
-    runs: int
-
-    @cached_property
-    def tolerated(self) -> int:
-        return acceptable_failures(self.test, self.runs)
-
-    def after(self, failures: int, done: int) -> tuple[str, bool]:
-        """The verdict to show after ``done`` runs with ``failures``, and whether to stop."""
-        out_of_reach = self.tolerated >= 0 and failures > self.tolerated
-        now = self.test.decide_fixed(failures, done)
-        return ("invalid" if out_of_reach else now.value), out_of_reach or now == Verdict.INVALID
-
-
-POWER_RATES = (0.01, 0.02, 0.05)
-"""True failure rates at which a run's report gives validation's chance of acceptance (a reference-like 1-2 % and
-the usual goal)."""
-
-
-def acceptance_probability(test: AcceptanceTest, runs: int, rate: float) -> float:
-    """The chance that validating a configuration whose runs fail independently at ``rate`` ends accepted.
-
-    Exact: acceptance needs all ``runs`` run with at most :func:`acceptable_failures` failing (every early stop is
-    a rejection), a binomial tail; ``benchmarks/validation_power.py`` checks it against the stop rule replayed.
-    """
-    tolerated = acceptable_failures(test, runs)
-    return sum(math.comb(runs, k) * rate**k * (1 - rate) ** (runs - k) for k in range(tolerated + 1))
+POWER_RATES = (0.01, 0.02)
+"""True failure rates, beside the test's powered rate and the goal's, at which a run's report gives validation's
+chance of acceptance (reference-like NNs fail 1-2 % of CropFollow's runs)."""
 
 
 def validation_power(test: AcceptanceTest, runs: int, rates: Sequence[float] = POWER_RATES) -> ValidationPower:
-    """How strict validation of ``runs`` runs is at ``test``'s goal (:class:`~qaopt.result.ValidationPower`)."""
-    return ValidationPower(runs=runs, tolerated=acceptable_failures(test, runs), max_failure_rate=test.max_failure_rate,
-                           confidence=test.confidence,
-                           accept_probability={f"{r:g}": round(acceptance_probability(test, runs, r), 4) for r in rates})
+    """How strict validation capped at ``runs`` is at ``test``'s goal (:class:`~qaopt.result.ValidationPower`)."""
+    sequential = SequentialTest.of(test, runs)
+    at = sorted({*rates, sequential.powered_rate, sequential.max_failure_rate})
+    return ValidationPower(runs=sequential.cap, tolerated=sequential.tolerated,
+                           max_failure_rate=test.max_failure_rate, confidence=test.confidence,
+                           powered_rate=sequential.powered_rate, line=sequential.power_line(),
+                           accept_probability={f"{r:g}": round(sequential.operating(r)[0], 4) for r in at},
+                           expected_runs={f"{r:g}": round(sequential.operating(r)[2], 1) for r in at})
 
 
 def replay(passed: Sequence[bool], test: AcceptanceTest, runs: int,
@@ -114,13 +80,16 @@ def replay(passed: Sequence[bool], test: AcceptanceTest, runs: int,
     """What :func:`validate_closed_loop` decides on recorded runs (``passed``, in seed order), without running them:
     the runs it would spend, their failures, the verdict; ``first`` are run indices whose blocks run first (its
     ``first_seeds``). Scores the closed-loop checks offline on recorded ground truth (``benchmarks/fidelity.py``)."""
-    rule, done, failures = StopRule(test, runs), 0, 0
-    for seeds in validation_blocks(min(runs, len(passed)), test.min_trials, 0, first=first):
+    sequential = SequentialTest.of(test, min(runs, len(passed)))
+    done = failures = 0
+    verdict = Verdict.UNDECIDED
+    for seeds in validation_blocks(sequential, 0, first=first):
         done += len(seeds)
         failures += sum(not passed[s] for s in seeds)
-        if rule.after(failures, done)[1]:
+        verdict, stop = sequential.decide(failures, done)
+        if stop:
             break
-    return done, failures, test.decide_fixed(failures, done)
+    return done, failures, verdict
 
 
 def validate_closed_loop(
@@ -142,34 +111,34 @@ def validate_closed_loop(
     limits: RunLimits = RunLimits(),
     first_seeds: Collection[int] = (),
 ) -> Validation:
-    """Run up to ``runs`` seeded closed-loop episodes with ``nns`` and judge them by ``goal`` and the acceptance ``test``.
+    """Run seeded closed-loop episodes with ``nns`` until the sequential test decides, at most ``runs`` of them.
 
-    Episodes run in blocks of the acceptance test's ``min_trials`` seeds; after each block
-    the runs stop as soon as the configuration can no longer be accepted within ``runs``
-    (more failures than the test tolerates at ``runs``) or is already proven invalid. One
-    closed-loop run costs seconds of rendering and inference, so a failing configuration
-    costs a block or two instead of the whole budget. ``threads`` is the evaluator's
-    ``render_threads``.
+    ``test`` is the spec's acceptance statistics; the closed-loop test is :class:`~qaopt.calibrate.SequentialTest`
+    at its goal, capped at ``runs`` (at most ``test.max_trials``). Episodes run in blocks, one between two looks of
+    that test: it accepts, rejects, or stops once accepting is out of reach within the cap, so a clean
+    configuration stops at the fewest runs that accept and a failure ends a configuration only when no later run
+    could accept it. ``threads`` is the evaluator's ``render_threads``.
 
-    With ``executor``, up to ``workers`` runs (default: the executor's) run at once (blocks are
-    split into single-run tasks, :data:`RUN_CHUNK`), each on a worker that builds the application with ``remote()`` (a picklable factory; default:
-    ``evaluator`` pickled) and receives ``nns`` pickled (:class:`qaopt.executor.ShippedNN`);
-    outcomes are consumed in block order, so the result does not depend on the workers.
-    ``on_block`` sees the progress after every block. ``cache`` (a :class:`ValidationBlocks`
-    of these NNs) keeps every finished block and serves those it holds without running them.
-    ``limits`` bound each call of the application; one that raises, hangs or returns garbage
-    stops the validation with :class:`~qaopt.calibrate.app_calls.ApplicationFault` and its
-    block is not stored. The blocks holding any of ``first_seeds`` (seeds on which other configurations failed)
-    run first: a configuration that fails the same scene stops after one block instead of several. Whether it is
-    accepted is the same in any order: acceptance needs every planned run, and an early stop only rejects.
+    With ``executor``, up to ``workers`` tasks (default: the executor's) run at once, each a slice of a block
+    (:data:`RUN_CHUNK` runs in lock-step, one ``evaluate_perception`` call) on a worker that builds the
+    application with ``remote()`` (a picklable factory; default: ``evaluator`` pickled) and receives ``nns``
+    pickled (:class:`qaopt.executor.ShippedNN`); outcomes are consumed in block order, so the result does not depend
+    on the workers. ``on_block`` sees the progress after every block. ``cache`` (a :class:`ValidationBlocks` of
+    these NNs) keeps every finished block and serves those it holds without running them. ``limits`` bound each
+    call of the application; one that raises, hangs or returns garbage stops the validation with
+    :class:`~qaopt.calibrate.app_calls.ApplicationFault` and its block is not stored. The blocks holding any of
+    ``first_seeds`` (seeds on which other configurations failed) run first: a configuration that fails the same
+    scene stops sooner. Running hard scenes first can only make acceptance rarer (the runs seen before a verdict
+    hold more of them than a random sample), so the test's bound on accepting a bad configuration still holds.
     """
     check_method(evaluator, "evaluate_perception")
-    rule = StopRule(test, runs)
+    sequential = SequentialTest.of(test, runs)
     records: list[Mapping[str, float]] = []
     seeds_run: list[int] = []
     failures = 0
+    verdict = Verdict.UNDECIDED
     where = f"closed-loop validation of {'the reference NNs' if trial is None else f'trial {trial}'}"
-    planned = validation_blocks(runs, test.min_trials, seed_base, first=first_seeds)
+    planned = validation_blocks(sequential, seed_base, first=first_seeds)
     blocks = run_blocks(
         planned,
         partial(run_perception_seeds, evaluator, dict(nns), limits, goal.metric, render_threads=threads),
@@ -181,14 +150,13 @@ def validate_closed_loop(
             records += block
             seeds_run += seeds
             failures += sum(not goal.passes(r[goal.metric]) for r in block)
-            shown, stop = rule.after(failures, len(records))
+            verdict, stop = sequential.decide(failures, len(records))
             if on_block is not None:
-                on_block(BlockProgress(len(records), runs, failures, shown))
+                on_block(BlockProgress(len(records), sequential.cap, failures, verdict.value))
             if stop:
                 break
     finally:
         blocks.close()
-    verdict = test.decide_fixed(failures, len(records))
     return Validation(
         trial=trial,
         runs=len(records),
@@ -210,11 +178,12 @@ runs, the same split whatever the number of workers, so runs and verdicts do not
 per task costs no more CPU than a batch of them (``benchmarks/validation_chunking.py``)."""
 
 
-def validation_blocks(runs: int, size: int, seed_base: int, first: Collection[int] = ()) -> list[list[int]]:
-    """The seeds of ``runs`` validation runs in blocks of ``size`` (the last one shorter when ``size`` does not divide
-    ``runs``), those holding any seed of ``first`` moved ahead of the others. Blocks keep their seeds whatever their
-    order, so each block's cached runs are found again."""
-    blocks = [list(range(seed_base + s, seed_base + min(runs, s + size))) for s in range(0, runs, size)]
+def validation_blocks(test: SequentialTest, seed_base: int, first: Collection[int] = ()) -> list[list[int]]:
+    """The seeds of ``test``'s runs in blocks, one between two of its looks, those holding any seed of ``first``
+    moved ahead of the others. Blocks keep their seeds whatever their order, so each block's cached runs are found
+    again."""
+    edges = (0, *test.looks)
+    blocks = [list(range(seed_base + a, seed_base + b)) for a, b in zip(edges[:-1], edges[1:])]
     early = set(first)
     return sorted(blocks, key=lambda seeds: early.isdisjoint(seeds))
 

@@ -25,7 +25,8 @@ class Profile(BaseModel):
         "cap on the end-to-end steps after a merged NN's frozen distillation (search.merge[].end_to_end_steps)"))
     max_prune_steps: int | None = Field(None, ge=1, description="cap on iterative pruning steps")
     tuning_trials: int | None = Field(None, ge=0, description="kernel-tuning trials per candidate")
-    validation_runs: int = Field(50, ge=1, description="closed-loop runs per validated configuration")
+    validation_runs: int | None = Field(None, ge=1, description=(
+        "cap on the closed-loop runs of one validated configuration (None: the spec's qos.acceptance.max_trials)"))
     validate_top: int = Field(3, ge=1, description="Pareto-front configurations validated closed-loop")
     closed_loop_checks: int | None = Field(None, ge=0, description=(
         "at most this many configurations checked closed-loop during the search (search.closed_loop); 0: none"))
@@ -58,17 +59,16 @@ PROFILES: dict[str, Profile] = {
         validate_top=3,
         closed_loop_checks=0,
     ),
-    # The real result in <= 90 minutes on a 2-core CPU: the spec's trials, but fine-tuning capped
+    # The real result on a 2-core CPU: the spec's trials, but fine-tuning capped
     # at 160 steps (a CropFollow NN's step costs 0.1-0.4 s there, so 400-step candidates would
     # take the whole budget) and TVM tuning capped (auto skips it where even an optimistic bound
     # loses to a vendor backend, and 32 trials is one short survey round where it does not);
-    # closed-loop validation runs 50 runs of full length and stops a failing configuration early.
+    # closed-loop validation runs the spec's sequential test to its own cap (qos.acceptance.max_trials).
     "default": Profile(
         name="default",
         max_finetune_steps=160,
         max_prune_steps=2,
         tuning_trials=32,
-        validation_runs=50,
         validate_top=8,
     ),
 }

@@ -154,7 +154,8 @@ def write_report(result: Result, run_dir: Path) -> Path:
     if detectors:
         lines += [DETECTOR_NOTE.format(metric=" or ".join(m.replace("_", " ") for m in detectors)), ""]
     finals = [*result.validations, *(v for v in (result.acceptance, result.agnostic_validation) if v is not None)]
-    lines += ["## Closed-loop validation", "", SEEDS_NOTE, "", _validation_table(finals), ""]
+    confidence = result.validation_power.confidence if result.validation_power is not None else 0.9
+    lines += ["## Closed-loop validation", "", SEEDS_NOTE, "", _validation_table(finals, confidence), ""]
     if finals:
         lines += [METRICS_NOTE, ""]
     if result.validation_power is not None:
@@ -405,25 +406,71 @@ def without_aware(result: Result) -> str:
     return "the reference NNs remain the deployable choice"
 
 
+def failure_rate(validation: Validation, confidence: float = 0.9) -> str:
+    """``2/160 failed, 1.2 % [0.2, 3.9]``: the runs' failures and their rate with its two-sided exact (Clopper-Pearson)
+    interval at ``confidence``."""
+    from scipy.stats import binomtest
+
+    if not validation.runs:
+        return "no runs"
+    ci = binomtest(validation.failures, validation.runs).proportion_ci(confidence_level=confidence, method="exact")
+    return (f"{validation.failures}/{validation.runs} failed, {validation.failures / validation.runs:.1%} "
+            f"[{ci.low:.1%}, {ci.high:.1%}]")
+
+
+def _named(config: Configuration, validation: Validation | None) -> str:
+    if validation is not None and validation.label:
+        return f"the {validation.label} configuration"
+    return "the reference NNs" if config.trial is None else f"trial {config.trial}"
+
+
+def verdict(result: Result) -> str:
+    """The run's verdict in one sentence, leading with it: what to deploy, on what evidence, and only then its
+    speedup (an unaccepted configuration's ratio is never the headline). The console's last line and the report's
+    first sentence."""
+    s = result.speedups
+    confidence = result.validation_power.confidence if result.validation_power is not None else 0.9
+    if result.aware is None:
+        return f"Not accepted: no application-aware configuration passed closed-loop validation; {without_aware(result)}."
+    a = result.acceptance
+    name = _named(result.aware, a)
+    over = (f", aware over agnostic {s.describe('aware_over_agnostic')}" if s.aware_over_agnostic is not None else "")
+    agnostic = result.agnostic_validation
+    beside = (f"; the application-agnostic configuration {failure_rate(agnostic, confidence)} on the same seeds "
+              f"({'accepted' if agnostic.accepted else agnostic.verdict})" if agnostic is not None else "")
+    if result.aware_accepted:
+        runs = f" on fresh seeds, {failure_rate(a, confidence)}" if a is not None else ""
+        return (f"Accepted: {name} met the QoS goal{runs}{beside}. Application-aware speedup {s.describe('aware')}"
+                f"{over}.")
+    if a is not None and a.failures:
+        why = f"rejected on fresh seeds ({failure_rate(a, confidence)})"
+    elif a is not None:
+        why = f"not accepted: its runs were too few to decide ({failure_rate(a, confidence)} on fresh seeds)"
+    else:
+        why = "not accepted"
+    return (f"Not accepted: {name}, the fastest configuration no closed-loop run refuted, was {why}{beside}; "
+            f"unaccepted, it would be {s.describe('aware')} faster than the reference{over}.")
+
+
 def _outcome(result: Result) -> str:
     s = result.speedups
     if result.aware is None:
         rebuilt = ("; configurations whose rebuilt NNs left the region were not validated (Rebuilt NNs)"
                    if any(r.study == "aware" and not r.feasible for r in result.rebuilt) else "")
-        return (f"No application-aware configuration passed closed-loop validation; {without_aware(result)}. "
-                f"See the validation table for what failed{rebuilt}.")
+        return (f"**{verdict(result)}** See the validation table for what failed{rebuilt}.")
     a = result.acceptance
     if result.aware_accepted:
         status = "accepted: it met the QoS goal at the spec's confidence with the real NNs in the loop"
         status += f", on {a.runs} fresh seeds that no check or validation had used" if a is not None else ""
     elif a is not None and a.failures:
         status = (f"rejected on fresh seeds: {a.failures} of {a.runs} closed-loop runs failed the QoS goal on seeds "
-                  "that did not choose it (the failure is now evidence in closed_loop.json: a re-run chooses again)")
+                  "that did not choose it, and no slower configuration of the front was accepted (the failures are "
+                  "evidence in closed_loop.json)")
     else:
         status = ("not yet accepted: its closed-loop runs were too few to prove the goal at the spec's confidence "
                   "(run the default profile)")
-    text = (f"Application-aware configuration (trial {result.aware.trial}) against the reference: "
-            f"{s.describe('aware')}; {status}.")
+    text = (f"**{verdict(result)}** Application-aware configuration ({_named(result.aware, a)}) against the "
+            f"reference: {s.describe('aware')}; {status}.")
     note = unchanged_note(result)
     if note:
         text += f" {note}"
@@ -545,14 +592,14 @@ def seeds_of(validation: Validation) -> str:
     return "" if base is None else f"{role} ({base}+)" if role else f"{base}+"
 
 
-def _validation_table(validations: list[Validation]) -> str:
+def _validation_table(validations: list[Validation], confidence: float = 0.9) -> str:
     if not validations:
         return "No configuration was validated."
     names = list(dict.fromkeys(k for v in validations for k in v.metrics))
     counted = {n for v in validations for n, m in v.metrics.items() if m.total is not None}
     heads = [f"{n}: {'total' if n in counted else 'mean'} (worst run)" for n in names]
-    rows = ["| trial | seeds | runs | passes | failures | verdict | region said valid | " + " | ".join(heads) + " |",
-            "|---|---|---|---|---|---|---|" + "---|" * len(names)]
+    rows = [f"| trial | seeds | runs | passes | failures | failure rate [{confidence:.0%} interval] | verdict | "
+            "region said valid | " + " | ".join(heads) + " |", "|---|---|---|---|---|---|---|---|" + "---|" * len(names)]
     for v in validations:
         cells = []
         for n in names:
@@ -563,7 +610,9 @@ def _validation_table(validations: list[Validation]) -> str:
             shown = m.total if n in counted and m.total is not None else m.mean
             cells.append(f"{shown:.4g}" + (f" ({m.worst_run:.4g})" if m.worst_run is not None else ""))
         failed = f"{v.failures}" + (f" (seeds {', '.join(map(str, v.failed_seeds))})" if v.failed_seeds else "")
-        rows.append(f"| {v.trial if v.trial is not None else v.label or 'reference'} | {seeds_of(v)} | {v.runs} | {v.passes} | {failed} | {v.verdict} | "
+        rate = failure_rate(v, confidence).split(", ", 1)[-1]
+        rows.append(f"| {v.trial if v.trial is not None else v.label or 'reference'} | {seeds_of(v)} | {v.runs} | "
+                    f"{v.passes} | {failed} | {rate} | {v.verdict} | "
                     f"{v.region_predicted_valid} | "
                     + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -185,30 +185,20 @@ FIDELITY_GUIDE = "docs/calibration.md, error models"
 
 
 class ValidationPower(_Model):
-    """How strict closed-loop validation is at the spec's goal: the chance that it accepts a configuration whose runs
-    fail at a given rate. Where the reference NNs themselves fail some runs, a configuration as good as the reference
-    is accepted only with this probability, so one or two failures do not show it worse."""
+    """How strict closed-loop validation is at the spec's goal: the exact chance that its sequential test
+    (:class:`qaopt.calibrate.SequentialTest`) accepts a configuration whose runs fail at a given rate, and the runs
+    that costs. Where the reference NNs themselves fail some runs, a configuration as good as the reference is
+    accepted only with this probability."""
 
-    runs: int = Field(description="the runs a configuration's validation plans (the profile's validation runs)")
-    tolerated: int = Field(description="the most failures among them that still accept (-1: none can accept)")
+    runs: int = Field(description="the most runs a configuration's validation may spend (its cap)")
+    tolerated: int = Field(description="the most failures that can still be accepted within the cap (-1: none)")
     max_failure_rate: float
     confidence: float
+    powered_rate: float | None = Field(None, description="the failure rate the test is powered at (half the goal's)")
     accept_probability: dict[str, float] = Field(description="true failure rate per run -> probability of acceptance")
-
-    @property
-    def line(self) -> str:
-        """The report's sentence."""
-        if self.tolerated < 0:
-            return (f"How strict this is: {self.runs} runs cannot show a failure rate of at most "
-                    f"{self.max_failure_rate:.0%} at {self.confidence:.0%} confidence, so no configuration is accepted; "
-                    "the verdicts only rule configurations out (a profile with more validation runs can accept).")
-        chances = ", ".join(f"{float(rate):.0%} of its runs: {p:.2f}" for rate, p in self.accept_probability.items())
-        return (f"How strict this is: {self.runs} runs accept a configuration only with at most {self.tolerated} "
-                f"failing (a failure rate of at most {self.max_failure_rate:.0%} at {self.confidence:.0%} confidence). "
-                f"The chance that a configuration is accepted when it fails {chances}. Where the reference NNs fail "
-                "some runs themselves, a configuration with a failure or two may be no worse than the reference: the "
-                "limit is then the goal's margin over the reference's failure rate, or the runs per verdict, not the "
-                "region (docs/calibration.md, \"How strict validation is\").")
+    expected_runs: dict[str, float] = Field(default_factory=dict, description=(
+        "true failure rate per run -> the runs a validation spends on average"))
+    line: str = Field("", description="the report's sentence")
 
 
 class Fidelity(_Model):

@@ -127,7 +127,7 @@ def test_wrong_type_and_out_of_range_name_the_dotted_path_and_line(tmp_path):
         (lambda d: d["approximations"].update(steering={}), "approximations.steering: no NN named 'steering'"),
         (lambda d: d["nns"]["heading"]["error_metric"].update(output="yaw"), "'yaw' is not one of the outputs"),
         (lambda d: d["qos"].pop("max"), "give the goal for 'collisions_per_100m'"),
-        (lambda d: d["qos"]["acceptance"].update(min_trials=200), "min_trials (200) must not exceed max_trials"),
+        (lambda d: d["qos"]["acceptance"].update(min_trials=500), "min_trials (500) must not exceed max_trials"),
         (lambda d: d["target"].update(device="rpc"), "needs an 'rpc' section"),
         (lambda d: d["evaluator"]["simulator"].update(env_id="CropFollow-v0"), "evaluator.simulator.env_id: removed"),
         (lambda d: d["nns"]["heading"].update(model="not an entry point"), "expected an entry point"),

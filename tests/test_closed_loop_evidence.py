@@ -191,7 +191,9 @@ def test_a_failing_check_shrinks_the_region_later_trials_use(tiny, tmp_path, mon
     scripted.calls.clear()
     front = validation_stage.validate_front(ctx, [fast, slow], checks.calibrated, checks.evidence, slow)
     assert [v.trial for v in front.validations] == [0] and front.chosen.trial == 0, "trial 1 is skipped"
-    assert scripted.calls == [], "trial 0's check was a quick-profile validation (6 runs): read from the cache"
+    assert scripted.calls == [0], "trial 0's check was a quick-profile validation (6 runs), read from the cache; " \
+        "only its fresh-seed runs ran"
+    assert front.acceptance is not None and front.acceptance.trial == 0
 
     # A resumed run: the evidence file restores the region, and nothing checked is run again.
     scripted.calls.clear()

@@ -352,7 +352,7 @@ def test_a_damaged_validation_block_is_set_aside_and_run_again(tmp_path, capfd):
     from qaopt.closed_loop import ValidationBlocks, validate_closed_loop
 
     goal = QoSGoal("errors", max=0.0)
-    judged = dict(goal=goal, test=AcceptanceTest(0.1, 0.8, 8, 32, block=8), runs=32, trial=1,
+    judged = dict(goal=goal, test=AcceptanceTest(0.1, 0.8, 8, 48, block=8), runs=48, trial=1,
                   region_predicted_valid=True, seed_base=100)
     blocks = ValidationBlocks.of(tmp_path, {"a": "k"}, "app", goal)
     clean = validate_closed_loop(ScriptedPerceptionApp([105]), {}, cache=blocks, **judged)
@@ -462,7 +462,7 @@ def test_an_exception_in_closed_loop_validation_stops_it_and_stores_nothing_of_i
             return super().evaluate_perception(nns, seeds, render_threads)
 
     goal = QoSGoal("errors", max=0.0)
-    judged = dict(goal=goal, test=AcceptanceTest(0.1, 0.8, 8, 32, block=8), runs=32, trial=4,
+    judged = dict(goal=goal, test=AcceptanceTest(0.1, 0.8, 8, 48, block=8), runs=48, trial=4,
                   region_predicted_valid=True, seed_base=100)
     clean = validate_closed_loop(ScriptedPerceptionApp([105]), {}, **judged)
     blocks = ValidationBlocks.of(tmp_path, {"a": "k"}, "app", goal)

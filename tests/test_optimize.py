@@ -544,6 +544,16 @@ def _validation_ctx(spec_path: Path, cache_dir: Path, monkeypatch, fake_validati
     return Unbuilt(plan, {}, None)
 
 
+def _inside(result, region, trials):
+    """One configuration per trial, at the region's first certified point, its latency the trial's number (trial 1
+    the fastest), each with NNs of its own."""
+    inside = [p.errors for p in region.labelled() if p.valid][0]
+    return [result.reference.model_copy(update={
+        "trial": t, "errors": inside, "latency_ms": float(t),
+        "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-{t}"}) for n, c in result.reference.nns.items()}})
+        for t in trials]
+
+
 def _calibrated(region, ctx):
     """The region stage's artifact for ``region``, no closed-loop evidence yet."""
     from qaopt.stages.region import CalibratedRegion, ClosedLoopEvidence, RegionChoice
@@ -587,7 +597,7 @@ def test_closed_loop_failure_rules_out_dominated_configurations(tiny_run, monkey
     ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
     front = validation_stage.validate_front(ctx, [fastest, dominated, other], _calibrated(region, ctx),
                                             ClosedLoopEvidence(), base)
-    assert validated == [1, 3], "the configuration dominating a closed-loop failure must be skipped"
+    assert validated == [1, 3, 3], "the configuration dominating a closed-loop failure must be skipped (3: selection, fresh)"
     assert front.chosen.trial == 3
     assert region.to_json() == calibrated, "the calibrated region is never changed by validation"
     [run] = front.evidence.runs
@@ -601,18 +611,13 @@ def test_a_quick_validation_stops_at_the_fastest_unrefuted_configuration(tiny_ru
     the slower ones are not validated; a plan whose runs can accept goes on looking for an accepted one."""
     import dataclasses
 
-    from qaopt.calibrate import ErrorRegion
-    from qaopt.closed_loop import acceptable_failures
+    from qaopt.calibrate import ErrorRegion, SequentialTest
     from qaopt.result import Validation
     from qaopt.stages.region import ClosedLoopEvidence
 
     spec_path, result = tiny_run
     region = ErrorRegion.load(result.region)
-    inside = [p.errors for p in region.labelled() if p.valid][0]
-    configs = [result.reference.model_copy(update={
-        "trial": t, "errors": inside, "latency_ms": float(t),
-        "nns": {n: c.model_copy(update={"candidate": f"{c.candidate}-{t}"}) for n, c in result.reference.nns.items()}})
-        for t in (1, 2)]
+    configs = _inside(result, region, (1, 2))
     validated = []
 
     def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, **_):
@@ -621,17 +626,67 @@ def test_a_quick_validation_stops_at_the_fastest_unrefuted_configuration(tiny_ru
                           region_predicted_valid=region_predicted_valid, qos_metric_mean=0.0)
 
     ctx = _validation_ctx(spec_path, tmp_path / "quick", monkeypatch, fake_validation)
-    assert acceptable_failures(ctx.plan.application.acceptance, ctx.plan.validation_runs) < 0, "quick cannot accept"
+    assert not SequentialTest.of(ctx.plan.application.acceptance, ctx.plan.validation_runs).can_accept, "quick can't"
     front = validation_stage.validate_front(ctx, configs, _calibrated(region, ctx), ClosedLoopEvidence(),
                                             result.reference)
-    assert validated == [1] and front.chosen.trial == 1
+    assert validated == [1, 1] and front.chosen.trial == 1  # its fresh-seed runs follow
 
     validated.clear()
-    ctx = type(ctx)(dataclasses.replace(ctx.plan, validation_runs=50, cache_dir=tmp_path / "default"), {}, None)
-    assert acceptable_failures(ctx.plan.application.acceptance, 50) >= 0
+    ctx = type(ctx)(dataclasses.replace(ctx.plan, validation_runs=32, cache_dir=tmp_path / "default"), {}, None)
+    assert SequentialTest.of(ctx.plan.application.acceptance, 32).can_accept
     front = validation_stage.validate_front(ctx, configs, _calibrated(region, ctx), ClosedLoopEvidence(),
                                             result.reference)
-    assert validated == [1, 2] and front.chosen.trial == 1
+    assert validated == [1, 2, 1] and front.chosen.trial == 1
+
+
+def test_a_rejection_on_fresh_seeds_moves_on_to_the_next_configuration(tiny_run, monkeypatch, tmp_path, capsys):
+    """Trial 1 passes its selection runs and fails fresh ones: the run goes on, and trial 2, accepted on both, is the
+    choice of the same pass; the console's last line leads with that verdict."""
+    import dataclasses
+
+    from qaopt.calibrate import ErrorRegion
+    from qaopt.closed_loop import ACCEPTANCE_SEED_BASE
+    from qaopt.result import Validation
+    from qaopt.stages.region import ClosedLoopEvidence
+
+    spec_path, result = tiny_run
+    region = ErrorRegion.load(result.region)
+    configs = _inside(result, region, (1, 2, 3))
+    ran = []
+
+    def fake_validation(evaluator, nns, goal, test, runs, *, trial, region_predicted_valid, threads, seed_base, **_):
+        fresh = seed_base == ACCEPTANCE_SEED_BASE
+        ran.append((trial, fresh))
+        fails = 4 if trial == 1 and fresh else 0
+        return Validation(trial=trial, runs=24, passes=24 - fails, failures=fails,
+                          verdict="invalid" if fails else "valid", accepted=not fails,
+                          region_predicted_valid=region_predicted_valid, qos_metric_mean=float(fails),
+                          seed_base=seed_base)
+
+    ctx = _validation_ctx(spec_path, tmp_path, monkeypatch, fake_validation)
+    ctx = type(ctx)(dataclasses.replace(ctx.plan, validation_runs=32), {}, None)
+    front = validation_stage.validate_front(ctx, configs, _calibrated(region, ctx), ClosedLoopEvidence(),
+                                            result.reference)
+    assert ran == [(1, False), (1, True), (2, False), (2, True)]
+    assert front.chosen.trial == 2 and front.acceptance.accepted and front.acceptance.trial == 2
+    assert [(v.trial, v.failures) for v in front.validations] == [(1, 0), (1, 4), (2, 0)]
+    assert front.evidence.runs and front.evidence.runs[0].failures == 4  # the rejection is evidence
+
+    from qaopt.commands import optimize as command
+
+    accepted = result.model_copy(update={"aware": front.chosen, "acceptance": front.acceptance})
+    monkeypatch.setattr("qaopt.optimizer.optimize", lambda *a, **k: accepted)
+    command.optimize(spec_path, profile="quick", out=None, storage=None, trials=None, region=None,
+                     calibration_budget=None, cluster=None, workers=None, quiet=True, time_limit=None)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("Accepted: trial 2 met the QoS goal on fresh seeds, 0/24 failed")
+    rejected = accepted.model_copy(update={"acceptance": front.validations[1], "aware": configs[0]})
+    monkeypatch.setattr("qaopt.optimizer.optimize", lambda *a, **k: rejected)
+    command.optimize(spec_path, profile="quick", out=None, storage=None, trials=None, region=None,
+                     calibration_budget=None, cluster=None, workers=None, quiet=True, time_limit=None)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("Not accepted: trial 1") and "rejected on fresh seeds (4/24 failed" in last
+    assert last.index("Not accepted") < last.index("unaccepted, it would be")
 
 
 def test_a_configuration_a_failure_put_outside_is_validated_once_the_region_holds_it_again(tiny_run, monkeypatch,
@@ -674,7 +729,7 @@ def test_a_configuration_a_failure_put_outside_is_validated_once_the_region_hold
     calibrated = SimpleNamespace(application=ctx.plan.application.key,
                                  searched=lambda evidence: Refitted(len(evidence.runs)))
     front = validation_stage.validate_front(ctx, configs, calibrated, ClosedLoopEvidence(), result.reference)
-    assert validated == [1, 3, 2] and front.chosen.trial == 2
+    assert validated == [1, 3, 2, 2] and front.chosen.trial == 2
     assert [run.errors for run in front.evidence.runs] == [configs[0].errors, configs[2].errors]
 
 
@@ -713,7 +768,7 @@ def test_the_same_nns_in_another_schedule_are_not_validated_again_nor_counted(ti
     chosen = validation_stage.validate_front(ctx, front, _calibrated(region, ctx), ClosedLoopEvidence(),
                                              result.reference, events=SimpleNamespace(note=notes.append, emit=lambda event: None,
                                                                                       stage="validation"))
-    assert validated == [1, 3] and chosen.chosen.trial == 3
+    assert validated == [1, 3, 3] and chosen.chosen.trial == 3
     assert [v.trial for v in chosen.validations] == [1, 3]
     assert any("trial 2: the NNs of trial 1" in line for line in notes)
 

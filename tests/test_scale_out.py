@@ -144,7 +144,8 @@ def test_measurement_cores_are_reserved_only_on_a_machine_with_many_more(monkeyp
 
 def _validation_spec():
     spec = load(APPS / "tiny.yaml")
-    acceptance = spec.qos.acceptance.model_copy(update={"max_failure_rate": 0.05, "confidence": 0.9})
+    acceptance = spec.qos.acceptance.model_copy(update={"max_failure_rate": 0.05, "confidence": 0.9,
+                                                        "max_trials": 400})
     return spec.model_copy(update={"qos": spec.qos.model_copy(update={"metric": "errors", "max": 0.0,
                                                                        "acceptance": acceptance})})
 

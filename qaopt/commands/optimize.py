@@ -47,7 +47,7 @@ def optimize(
     calibrate` wrote for this spec is reused (and never replaced by a smaller calibration).
     """
     from qaopt.optimizer import optimize as run
-    from qaopt.report import unchanged_note, without_aware
+    from qaopt.report import unchanged_note, verdict
 
     result = run(spec, profile=profile, out=out, storage=storage, trials=trials, region=region,
                  calibration_budget=calibration_budget, cluster=cluster, workers=workers, quiet=quiet,
@@ -61,6 +61,5 @@ def optimize(
         note = unchanged_note(result)
         if note:
             typer.echo(note)
-    else:
-        typer.echo(f"no application-aware configuration passed closed-loop validation; {without_aware(result)}; "
-                   "see the report")
+    # The verdict leads: the last line says whether the configuration may be deployed before what it would gain.
+    typer.echo(verdict(result))

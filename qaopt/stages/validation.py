@@ -33,16 +33,16 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qaopt.app_spec import content_hash, store
+from qaopt.calibrate import SequentialTest
 from qaopt.closed_loop import (
     ACCEPTANCE_SEED_BASE,
     VALIDATION_SEED_BASE,
     BlockProgress,
     ValidationBlocks,
-    acceptable_failures,
     validate_closed_loop,
 )
 from qaopt.events import RunBlock, StageEvents
@@ -62,93 +62,147 @@ VALIDATION_VERSION = 2
 
 @dataclass(frozen=True)
 class FrontValidation:
-    """What validating the front produced: every validation in order, the chosen configuration, the evidence."""
+    """What validating the front produced: every validation in order (selection runs, and fresh-seed runs of the
+    configurations they rejected), the chosen configuration, its fresh-seed verdict, and the evidence."""
 
     validations: list[Validation]
     chosen: Configuration | None
     evidence: ClosedLoopEvidence
+    acceptance: Validation | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration of the front to validate: an aware trial, or the agnostic choice where the region holds it
+    (so the aware choice is never slower than the agnostic one), named by ``label``."""
+
+    config: Configuration
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or ("reference" if self.config.trial is None else f"trial {self.config.trial}")
 
 
 def validate_front(
     ctx: SearchContext, front: list[Configuration], calibrated: CalibratedRegion, evidence: ClosedLoopEvidence,
-    reference: Configuration, *, executor: Executor | None = None, events: StageEvents | None = None,
+    reference: Configuration, *, agnostic: Configuration | None = None, executor: Executor | None = None,
+    events: StageEvents | None = None,
 ) -> FrontValidation:
-    """Validate the fastest configurations of the aware front; the first accepted one wins.
+    """Validate the aware front fastest-first, each configuration until the sequential test decides it; the first
+    accepted on the selection seeds and then on fresh ones wins.
 
     Each step validates the fastest configuration not yet validated that the region, with every closed-loop run so
     far, holds (:func:`_fastest_inside`): one a failure ruled out is passed over only while the region rules it out.
+    ``agnostic`` (the agnostic choice, already re-checked), where the region holds it, is one more candidate at its
+    latency: the aware choice is then never slower than it.
+
+    A configuration accepted on the selection seeds runs again on fresh ones (:data:`ACCEPTANCE_SEED_BASE`); one
+    those reject does not end the pass: its failures become evidence and the next configuration is validated, until
+    one is accepted on both or the front (``validate_top`` selection validations) is spent.
 
     Each configuration is re-checked first (:meth:`SearchContext.rechecked`): NNs rebuilt into other bytes than
     the search measured are validated with their own errors, or skipped when those leave the region.
-    When none is accepted at the spec's confidence (a quick profile runs too few runs
-    to prove it), the fastest one with no failing run is chosen, unaccepted; where the plan's runs could not
-    accept any configuration, the slower ones are not validated once that one is found (they could change
-    nothing: on a quick CropFollow run, two blocks of six runs, about 100 s of a 2-core machine). When none
-    is even that, the ``reference`` configuration is validated too, so the report can
-    tell an application that fails with any approximation from one that fails anyway.
+    When none is accepted (a quick profile's cap is too low to accept any), the fastest one with no failing
+    selection run is chosen, unaccepted, and run on the fresh seeds once; where the cap could not accept any
+    configuration, the slower ones are not validated once that one is found (they could change nothing). When none
+    is even that, the ``reference`` configuration is validated too, so the report can tell an application that
+    fails with any approximation from one that fails anyway.
     A configuration whose NNs this pass already validated (the same NNs under another schedule: the closed loop
     does not see the schedule) is skipped and does not count against the profile's ``validate_top``: its verdict
-    is known, and spending slots on such repeats once left a CropFollow default run with four distinct NN sets
-    validated of its eight slots.
+    is known.
     ``executor`` and ``events`` are :func:`validate_configuration`'s.
     """
     run = dict(executor=executor, events=events)
     note = events.note if events is not None else lambda line: None
     region = calibrated.searched(evidence)
     validations: list[Validation] = []
-    chosen = fallback = None
-    can_accept = acceptable_failures(ctx.plan.application.acceptance, ctx.plan.validation_runs) >= 0
-    validated: dict[str, int | None] = {}  # each NN set validated in this pass -> the trial that ran it
+    chosen = fallback = acceptance = None
+    can_accept = SequentialTest.of(ctx.plan.application.acceptance, ctx.plan.validation_runs).can_accept
+    validated: dict[str, str] = {}  # each NN set validated in this pass -> the configuration that ran it
     # Scenes that failed a configuration run first for the next: NNs of one lineage tend to fail the same scene
     # (a real NN's error on a particular frame, which the region's injected errors cannot show).
     failed_seeds: dict[int, None] = {}
-    pending = list(front)
-    while pending and len(validations) < ctx.plan.validate_top:
-        config = _fastest_inside(ctx, pending, region, note)
-        if config is None:
-            break
-        nns = content_hash(_candidates(config))
-        if nns in validated:
-            note(f"trial {config.trial}: the NNs of trial {validated[nns]} in another schedule, whose verdict "
-                 "stands for it: not validated again")
-            continue
-        validated[nns] = config.trial
-        validation = validate_configuration(ctx, config, first_seeds=list(failed_seeds), **run)
+    pending = [Candidate(c) for c in front]
+    if (agnostic is not None and region.contains(agnostic.errors)
+            and all(c.candidate_keys() != agnostic.candidate_keys() for c in front)):
+        # Before the first aware configuration measurably slower: a near tie keeps the aware one first, so the order
+        # does not follow timing noise (the agnostic frame is measured again on a resumed run).
+        at = next((i for i, c in enumerate(front) if _slower(c, agnostic)), len(front))
+        pending.insert(at, Candidate(agnostic, AGNOSTIC_LABEL))
+    selected = 0
+
+    def learn(config: Configuration, validation: Validation) -> None:
+        nonlocal evidence, region
         validations.append(validation)
         failed_seeds.update(dict.fromkeys(validation.failed_seeds))
         grown = with_validation(evidence, calibrated.application, config, validation)
         if grown is not evidence:
             evidence = grown
             region = calibrated.searched(evidence)
-        if validation.accepted:
-            chosen = config
+
+    while pending and selected < ctx.plan.validate_top:
+        candidate = _fastest_inside(ctx, pending, region, note)
+        if candidate is None:
             break
+        config = candidate.config
+        nns = content_hash(_candidates(config))
+        if nns in validated:
+            note(f"{candidate.name}: the NNs of {validated[nns]} in another schedule, whose verdict stands for it: "
+                 "not validated again")
+            continue
+        validated[nns] = candidate.name
+        selected += 1
+        validation = validate_configuration(ctx, config, first_seeds=list(failed_seeds), configuration=candidate.label,
+                                            **run)
+        learn(config, validation)
+        if validation.accepted:
+            fresh = validate_configuration(ctx, config, seed_base=ACCEPTANCE_SEED_BASE,
+                                           configuration=candidate.label, **run)
+            if fresh.accepted:
+                chosen, acceptance = config, fresh
+                break
+            learn(config, fresh)
+            note(f"{candidate.name} rejected on fresh seeds ({fresh.failures} of {fresh.runs} runs failed): the next "
+                 "configuration of the front is validated")
+            continue
         if fallback is None and not validation.failures:
             fallback = config
             if not can_accept:
-                note(f"trial {config.trial} chosen unaccepted: {ctx.plan.validation_runs} runs cannot accept a "
+                note(f"{candidate.name} chosen unaccepted: a cap of {ctx.plan.validation_runs} runs cannot accept a "
                      "configuration, so the slower ones are not validated")
                 break
-    if chosen is None and fallback is None and validations:
+    if chosen is None and fallback is not None:
+        chosen = fallback
+        acceptance = validate_configuration(ctx, fallback, seed_base=ACCEPTANCE_SEED_BASE,
+                                            configuration=AGNOSTIC_LABEL if fallback is agnostic else None, **run)
+        evidence = with_validation(evidence, calibrated.application, fallback, acceptance)
+    if chosen is None and validations:
         validations.append(validate_configuration(ctx, reference, first_seeds=list(failed_seeds), **run))
-    return FrontValidation(validations, chosen or fallback, evidence)
+    return FrontValidation(validations, chosen, evidence, acceptance)
 
 
-def _fastest_inside(ctx: SearchContext, pending: list[Configuration], region, note) -> Configuration | None:
+def _slower(config: Configuration, than: Configuration) -> bool:
+    """Whether ``config`` is measurably slower than ``than``: their 95 % intervals apart (medians where one has none)."""
+    if config.latency is None or than.latency is None:
+        return config.latency_ms > than.latency_ms
+    return config.latency.ci_ms[0] > than.latency.ci_ms[1]
+
+
+def _fastest_inside(ctx: SearchContext, pending: list[Candidate], region, note) -> Candidate | None:
     """The first of ``pending`` (fastest first) that ``region`` holds, as its NNs are now, taken out of ``pending``;
     ``None`` when the region holds none of them.
 
     One the region does not hold stays pending: each step asks the region as the evidence has made it, rather
     than what it was when the pass began, since a certifier (an open registry) need not be monotone in the
-    evidence. (The built-in ``pooled`` one was not while closed-loop failures were pooled into its fit: CropFollow's default run of session 40 passed over its merged int8 NN, 0.70 ms,
-    once a merged NN at input 0.5 failed 1 of 40 runs, and two slower configurations later the region held it
-    again; docs/BENCHMARKS.md.)
+    evidence. The agnostic candidate was re-checked against its own tolerance already.
     """
-    for i, searched in enumerate(pending):
-        config = ctx.rechecked(searched, "aware", region, note)
+    for i, candidate in enumerate(pending):
+        config = (candidate.config if candidate.label == AGNOSTIC_LABEL
+                  else ctx.rechecked(candidate.config, "aware", region, note))
         if config is not None and region.contains(config.errors):  # else rebuilt outside, or ruled out for now
             del pending[i]
-            return config
+            return Candidate(config, candidate.label)
     return None
 
 
@@ -288,15 +342,6 @@ class ValidationStage(BaseStage):
         events = run.emitter(self.name)
         options = dict(executor=run.executor, events=events)
         evidence = aware.checks.evidence
-        front = validate_front(reference.ctx, aware.summary.feasible_configurations(), calibrated, evidence,
-                               reference.configuration, **options)
-        acceptance = None
-        if front.chosen is not None:
-            acceptance = validate_configuration(reference.ctx, front.chosen, seed_base=ACCEPTANCE_SEED_BASE, **options)
-            grown = with_validation(front.evidence, calibrated.application, front.chosen, acceptance)
-            front = replace(front, evidence=grown)
-        if front.evidence is not evidence:
-            front.evidence.save(run.plan.run_dir)
         # The agnostic choice, re-checked against its tolerance where its NNs were rebuilt, and placed in the region
         # as the aware study's checks left it (the evidence validation starts from).
         searched = inputs["agnostic search"].chosen
@@ -304,8 +349,12 @@ class ValidationStage(BaseStage):
         agnostic = None if searched is None else reference.ctx.rechecked(searched, "agnostic", region, events.note)
         if agnostic is not None:
             agnostic = agnostic.model_copy(update={"in_region": region.contains(agnostic.errors)})
+        front = validate_front(reference.ctx, aware.summary.feasible_configurations(), calibrated, evidence,
+                               reference.configuration, agnostic=agnostic, **options)
+        if front.evidence is not evidence:
+            front.evidence.save(run.plan.run_dir)
         # Today's practice deploys the agnostic choice unvalidated; its closed-loop runs say whether that was safe
-        # (free when it is the aware choice's NNs, already run on these seeds).
+        # (free when the front validated its NNs on these seeds already).
         agnostic_validation = (validate_configuration(reference.ctx, agnostic, seed_base=ACCEPTANCE_SEED_BASE,
                                                       configuration=AGNOSTIC_LABEL, **options) if agnostic else None)
-        return Validated(front, acceptance, agnostic, agnostic_validation)
+        return Validated(front, front.acceptance, agnostic, agnostic_validation)

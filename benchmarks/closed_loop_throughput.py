@@ -1,10 +1,12 @@
 """Closed-loop runs per CPU-second: one run per call (the old path) against a block of runs in lock-step (the new).
 
-    python benchmarks/closed_loop_throughput.py [RUN_DIR --spec SPEC --cache-dir DIR] [--runs 8] [--length 20]
+    python benchmarks/closed_loop_throughput.py [RUN_DIR] [--runs 8] [--length 20]
 
-Times, in this process pinned to one core with torch on one thread, the CropFollow reference pair as validation
-ships it (:class:`qaopt.executor.ShippedNN`) and, given a run folder, that run's aware choice rebuilt from the cache
-as ``benchmarks/side_by_side_fresh.py`` rebuilds it (the bytes the run chose). Each configuration runs the same
+Times, in this process pinned to one core with torch on one thread, the CropFollow reference pair in torch eager
+fp32 (as validation runs a float NN) and, given a run folder, that run's aware choice from its exported artifacts
+(``RUN_DIR/artifacts``: the bytes the run validated), each NN shipped as validation ships it
+(:class:`qaopt.executor.ShippedNN`: an int8 NN's ONNX graph on ONNX Runtime, a merged NN's views sharing one
+backbone run per frame batch, a float NN's torch module). Each configuration runs the same
 ``--runs`` seeded episodes of ``--length`` metres twice: once as one ``evaluate_perception`` call per seed, once as
 one call for all of them, the drives in lock-step and each NN reading one batch of frames per step. It also splits a
 step's cost: rendering one frame, and each NN on one frame and on a batch of ``--runs`` frames. Writes
@@ -53,6 +55,27 @@ def _split(app, nns: dict, seeds: list[int], repeats: int = 20) -> dict:
     return split
 
 
+def from_artifacts(run_dir: Path) -> dict:
+    """The aware choice of the run in ``run_dir`` as validation ships it, from the artifacts the run exported."""
+    import hashlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from qaopt.executor import ShippedNN
+
+    nns = {}
+    for folder in sorted((run_dir / "artifacts").iterdir()):
+        data = json.loads((folder / "artifact.json").read_text())["data"]
+        onnx = folder / "model.onnx" if data["runs"] == "onnx" else None
+        module = None if onnx is not None else torch.load(folder / "module.pt", weights_only=False).eval()
+        # The views of one merged NN share its backbone's run when their keys match: the key is the graph's bytes.
+        key = hashlib.sha256(onnx.read_bytes()).hexdigest() if onnx is not None else folder.name
+        nns[folder.name] = ShippedNN(SimpleNamespace(key=key, nn=folder.name, module=module, onnx_path=onnx,
+                                                     columns=data.get("columns")))
+    return nns
+
+
 def measure(app, nns: dict, seeds: list[int]) -> dict:
     app.evaluate_perception(nns, [seeds[0] - 1])  # warm-up: kernels compiled, sessions opened
     single: list[dict] = []
@@ -73,8 +96,6 @@ def measure(app, nns: dict, seeds: list[int]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path, nargs="?")
-    ap.add_argument("--spec", type=Path, default=ROOT / "examples" / "cropfollow.yaml")
-    ap.add_argument("--cache-dir", type=Path)
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--length", type=float, default=20.0, help="metres per run")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "closed_loop_throughput.json")
@@ -85,10 +106,8 @@ def main() -> None:
     import torch
 
     from qaopt.closed_loop import VALIDATION_SEED_BASE
-    from qaopt.executor import ShippedNN
     from qaopt.simulators.cropfollow import CropFollowEvaluator, reference_nn
     from qaopt.simulators.perception import torch_perception
-    from qaopt.spec import load_spec
 
     torch.set_num_threads(1)
     app = CropFollowEvaluator(run_length_m=args.length)
@@ -96,11 +115,7 @@ def main() -> None:
     configurations = {"reference": {t: torch_perception(reference_nn(t, "compact", train_if_missing=False), "cpu",
                                                         args.runs) for t in ("heading", "distance")}}
     if args.run_dir is not None:
-        from side_by_side_fresh import rebuilt
-
-        result = json.loads((args.run_dir / "result.json").read_text())
-        built = rebuilt(load_spec(args.spec), result, args.cache_dir)["aware"]
-        configurations["aware"] = {n: ShippedNN(c) for n, (c, _) in built.items()}
+        configurations["aware"] = from_artifacts(args.run_dir)
     rows = {}
     for name, nns in configurations.items():
         rows[name] = measure(app, nns, seeds)

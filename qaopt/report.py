@@ -434,22 +434,22 @@ def verdict(result: Result) -> str:
         return f"Not accepted: no application-aware configuration passed closed-loop validation; {without_aware(result)}."
     a = result.acceptance
     name = _named(result.aware, a)
-    over = (f", aware over agnostic {s.describe('aware_over_agnostic')}" if s.aware_over_agnostic is not None else "")
+    over = (f", aware over agnostic {s.brief('aware_over_agnostic')}" if s.aware_over_agnostic is not None else "")
     agnostic = result.agnostic_validation
     beside = (f"; the application-agnostic configuration {failure_rate(agnostic, confidence)} on the same seeds "
               f"({'accepted' if agnostic.accepted else agnostic.verdict})" if agnostic is not None else "")
     if result.aware_accepted:
         runs = f" on fresh seeds, {failure_rate(a, confidence)}" if a is not None else ""
-        return (f"Accepted: {name} met the QoS goal{runs}{beside}. Application-aware speedup {s.describe('aware')}"
+        return (f"Accepted: {name} met the QoS goal{runs}{beside}. Application-aware speedup {s.brief('aware')}"
                 f"{over}.")
     if a is not None and a.failures:
-        why = f"rejected on fresh seeds ({failure_rate(a, confidence)})"
+        why = f"was rejected on fresh seeds ({failure_rate(a, confidence)})"
     elif a is not None:
-        why = f"not accepted: its runs were too few to decide ({failure_rate(a, confidence)} on fresh seeds)"
+        why = f"had too few runs to decide ({failure_rate(a, confidence)} on fresh seeds; more runs can accept)"
     else:
-        why = "not accepted"
-    return (f"Not accepted: {name}, the fastest configuration no closed-loop run refuted, was {why}{beside}; "
-            f"unaccepted, it would be {s.describe('aware')} faster than the reference{over}.")
+        why = "was not run on fresh seeds"
+    return (f"Not accepted: {name}, the fastest configuration no closed-loop run refuted, {why}{beside}; "
+            f"unaccepted, it would be {s.brief('aware')} faster than the reference{over}.")
 
 
 def _outcome(result: Result) -> str:

@@ -334,6 +334,21 @@ class Speedups(_Model):
             return f"{interval.verdict} ({value:.2f}x" + (f"; {note})" if note else ")")
         return f"{value:.2f}x" + (f" ({note})" if note else "")
 
+    def brief(self, name: str) -> str:
+        """A ratio in a verdict's sentence: ``1.19x (1.15-1.23, untrusted)``; :meth:`describe` says why."""
+        value: float | None = getattr(self, name)
+        if value is None:
+            return "n/a"
+        interval = self.intervals.get(name)
+        if interval is None:
+            return f"{value:.2f}x"
+        if interval.verdict in (NO_DIFFERENCE, "not comparable"):
+            return f"{interval.verdict} ({value:.2f}x)"
+        caveat = ", untrusted" if "untrusted" in interval.note else ""
+        ci = f"{interval.ci[0]:.2f}-{interval.ci[1]:.2f}" if interval.ci else ""
+        inside = ", ".join(x for x in (ci, caveat.lstrip(", ")) if x)
+        return f"{value:.2f}x" + (f" ({inside})" if inside else "")
+
 
 class NNTolerance(_Model):
     """One NN's application-agnostic bound, and where the chosen agnostic configuration's NN sits against it."""

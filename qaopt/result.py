@@ -322,32 +322,28 @@ class Speedups(_Model):
 
     def describe(self, name: str) -> str:
         """A ratio as the report says it: ``1.19x (95 % interval 1.15-1.23)``, or why it is no gain."""
-        value: float | None = getattr(self, name)
-        if value is None:
-            return "n/a"
-        interval = self.intervals.get(name)
-        if interval is None:
-            return f"{value:.2f}x"
-        ci = f"95 % interval {interval.ci[0]:.2f}-{interval.ci[1]:.2f}" if interval.ci else ""
-        note = "; ".join(x for x in (ci, interval.note) if x)
-        if interval.verdict in (NO_DIFFERENCE, "not comparable"):
-            return f"{interval.verdict} ({value:.2f}x" + (f"; {note})" if note else ")")
-        return f"{value:.2f}x" + (f" ({note})" if note else "")
+        return self._said(name, brief=False)
 
     def brief(self, name: str) -> str:
         """A ratio in a verdict's sentence: ``1.19x (1.15-1.23, untrusted)``; :meth:`describe` says why."""
+        return self._said(name, brief=True)
+
+    def _said(self, name: str, brief: bool) -> str:
         value: float | None = getattr(self, name)
         if value is None:
             return "n/a"
         interval = self.intervals.get(name)
         if interval is None:
             return f"{value:.2f}x"
-        if interval.verdict in (NO_DIFFERENCE, "not comparable"):
-            return f"{interval.verdict} ({value:.2f}x)"
-        caveat = ", untrusted" if "untrusted" in interval.note else ""
         ci = f"{interval.ci[0]:.2f}-{interval.ci[1]:.2f}" if interval.ci else ""
-        inside = ", ".join(x for x in (ci, caveat.lstrip(", ")) if x)
-        return f"{value:.2f}x" + (f" ({inside})" if inside else "")
+        if brief:
+            parts = (ci, "untrusted" if "untrusted" in interval.note else "")
+        else:
+            parts = (f"95 % interval {ci}" if ci else "", interval.note)
+        note = ("; " if not brief else ", ").join(x for x in parts if x)
+        if interval.verdict in (NO_DIFFERENCE, "not comparable"):
+            return f"{interval.verdict} ({value:.2f}x" + (f"; {note})" if note and not brief else ")")
+        return f"{value:.2f}x" + (f" ({note})" if note else "")
 
 
 class NNTolerance(_Model):

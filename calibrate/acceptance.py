@@ -63,6 +63,14 @@ def cp_lower(failures: int, trials: int, alpha: float) -> float:
     return 0.0 if failures <= 0 else float(beta.ppf(alpha, failures, trials - failures + 1))
 
 
+def _check_goal(max_failure_rate: float, confidence: float) -> None:
+    """The goal's statistics that every test of it needs: a failure rate and a confidence strictly inside (0, 1)."""
+    if not 0 < max_failure_rate < 1:
+        raise CalibrationError("qos.acceptance.max_failure_rate must be in (0, 1)")
+    if not 0 < confidence < 1:
+        raise CalibrationError("qos.acceptance.confidence must be in (0, 1)")
+
+
 @dataclass(frozen=True)
 class AcceptanceTest:
     """The sequential test of a point (defaults match the example spec).
@@ -78,10 +86,7 @@ class AcceptanceTest:
     block: int = 8
 
     def __post_init__(self) -> None:
-        if not 0 < self.max_failure_rate < 1:
-            raise CalibrationError("qos.acceptance.max_failure_rate must be in (0, 1)")
-        if not 0 < self.confidence < 1:
-            raise CalibrationError("qos.acceptance.confidence must be in (0, 1)")
+        _check_goal(self.max_failure_rate, self.confidence)
         if self.block < 1 or self.min_trials < 1 or self.max_trials < self.min_trials:
             raise CalibrationError(
                 "qos.acceptance: need block >= 1 and 1 <= min_trials <= max_trials "
@@ -213,9 +218,7 @@ class SequentialTest:
     min_trials: int = 8
 
     def __post_init__(self) -> None:
-        if not 0 < self.max_failure_rate < 1 or not 0 < self.confidence < 1:
-            raise CalibrationError("qos.acceptance: max_failure_rate and confidence must be in (0, 1) (got "
-                                   f"{self.max_failure_rate}, {self.confidence})")
+        _check_goal(self.max_failure_rate, self.confidence)
         if self.cap < 1 or self.block < 1 or self.min_trials < 1:
             raise CalibrationError(f"closed-loop test: need cap, block and min_trials >= 1 (got cap={self.cap}, "
                                    f"block={self.block}, min_trials={self.min_trials})")

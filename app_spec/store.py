@@ -68,6 +68,9 @@ _STORAGE_FAULTS = {
     errno.EACCES: "no permission to write there: make it writable (chmod, chown) or give another folder ({where}), "
                   "then run again",
 }
+_STORAGE_FAULTS[errno.ENOTDIR] = ("a file of that name (or of a folder above it) is in the way: remove it or give "
+                                  "another folder ({where}), then run again")
+_STORAGE_FAULTS[errno.EEXIST] = _STORAGE_FAULTS[errno.ENOTDIR]
 _STORAGE_FAULTS[errno.EDQUOT] = _STORAGE_FAULTS[errno.ENOSPC]
 _STORAGE_FAULTS[errno.EPERM] = _STORAGE_FAULTS[errno.EACCES]
 _TORCH_WRITE_FAILED = "inline_container"
@@ -105,6 +108,22 @@ def writing_to(path: str | Path) -> Iterator[None]:
         if problem is None:
             raise
         raise problem from exc
+
+
+def ensure_writable(folder: str | Path) -> Path:
+    """Make ``folder`` if absent and write (then remove) a file in it; a disk fault raises :class:`StorageError`.
+
+    A command checks every folder it will write (its run folder, the cache, a study database's folder) this way
+    before any work, so a read-only, foreign or full folder is named with its fix at once, in the same words as a
+    write that fails later, instead of after minutes of computation or as the storage library's own message.
+    """
+    folder = Path(folder)
+    with writing_to(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".qaopt-write-check.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    return folder
 
 
 @contextlib.contextmanager

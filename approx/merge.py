@@ -125,7 +125,7 @@ class MergeGroup:
     end_to_end_steps: int = 0
     """With ``freeze``: distillation steps of the whole merged NN after the frozen ones, so that the backbone adapts
     to every head (CropFollow's merged int8 NN failed 1 of 56 unseen closed-loop runs as frozen-distilled, 0 of 56
-    after 1000 more steps end to end: docs/knobs.md, "End-to-end steps after the frozen ones")."""
+    after 1000 more steps end to end: docs/benchmarks/merge_adapt_fresh.json and merge_adapt_e2e.json)."""
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.members]
@@ -196,8 +196,8 @@ def merged_target(group: MergeGroup, *, cache_dir: str | Path | None = None, rec
             model = store.load_module(folder)
         else:
             # Seeded before the output layer is widened: its new rows are drawn from torch's generator, and drawn from
-            # whatever state the process had left it in they made each run's merged NN another one under one key
-            # (CropFollow's merged NN erred heading 1.899 in one quick run and 1.97 in the next; session 37).
+            # whatever state the process has left it in they would make each run's merged NN another one under one
+            # key, with its own error.
             torch.manual_seed(int(key[:8], 16))
             model = _widened(group, lead, columns, y_train)
             merging = f"merging {', '.join(group.names)} into one backbone"
@@ -248,11 +248,11 @@ class _ReplayedFrames:
 
     What the student computes from a batch's frames before the frozen part is thrown away (the replay stands in for
     the part's outputs, and nothing before it gets a gradient), so every batch of one size reads the same stand-in,
-    made once: the profile of session 37's README run put 25 CPU s in converting training frames, most of them these
-    batches'. Where nothing with state runs before the frozen part (CropFollow's NNs only normalise the frame), the
-    stand-in is one value per channel (``shape``), not a frame: normalising and reordering a full-size batch on
-    every step was a third of a merged NN's frozen distillation (session 48's profile). Neither changes a bit of
-    the merged NN."""
+    made once: converting training frames took 25 CPU s of the README's quick run's agnostic search, most of them
+    these batches' (docs/benchmarks/readme_runs/session37-profile/profile_stages.json, ``FrameArray.__getitem__``).
+    Where nothing with state runs before the frozen part (CropFollow's NNs only normalise the frame), the stand-in
+    is one value per channel (``shape``), not a frame: normalising and reordering a full-size batch on every step is
+    work whose result the frozen part throws away. Neither changes a bit of the merged NN."""
 
     def __init__(self, frames, replay: _Replay, shape: tuple[int, ...] | None = None):
         self.frames, self.replay, self.shape = frames, replay, shape
@@ -345,8 +345,8 @@ def _replayed(model: MergedHeads, group: MergeGroup, lead: TargetNN, frames, dev
 def _outputs_of(model: nn.Module, part: nn.Module, path: str, group: MergeGroup, frames, device: str) -> torch.Tensor:
     """``part``'s outputs when ``model`` (in eval mode, as it runs) reads each of ``frames``, on the CPU.
 
-    On a CPU the frames go through :data:`~.quantize.CPU_BATCH` at a time, as every prediction does: CropFollow's
-    compact backbone took 3.7 ms a frame at 8 against 6.7 at 64, with the same features to the bit (session 48).
+    On a CPU the frames go through :data:`~.quantize.CPU_BATCH` at a time, as every prediction does: on CropFollow's
+    compact backbone that batch is faster a frame than 64 at once, with the same features to the bit.
     """
     captured: list = []
     hook = part.register_forward_hook(lambda module, args, out: captured.append(out))

@@ -92,7 +92,7 @@ def cast(model: nn.Module, torch_dtype: str | None) -> nn.Module:
 CPU_BATCH, GPU_BATCH = 8, 32
 """Frames per forward pass of :func:`predict_torch` on a CPU and on a GPU. On a CPU, torch's kernels ran CropFollow's
 compact NN 1.6x slower per frame at 32 frames a batch (40 MB of activations a layer, past the caches) than at 4-16
-(benchmarks/error_inference.py, docs/BENCHMARKS.md "Error inference"), with the same outputs; every candidate's error
+(docs/benchmarks/error_inference.json, written by benchmarks/error_inference.py), with the same outputs; every candidate's error
 is its outputs on thousands of frames, so that was a large share of a search. A GPU wants the larger batch."""
 
 

@@ -1,4 +1,4 @@
-"""The in-graph resize two ways: ONNX ``Resize`` against the block convolution, in CropFollow's int8 NN (issue 30).
+"""The in-graph resize two ways: ONNX ``Resize`` against the block convolution, in CropFollow's int8 NN.
 
     python benchmarks/block_resize.py [--scales 0.75 0.5 0.375] [--threads 2] [--repeats 300] [--rounds 3]
         --json docs/benchmarks/block_resize.json
@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,10 +83,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    record = provenance()
 
     import openvino as ov
-
-    from qaopt import kernels
 
     load = os.getloadavg()[0]
     calibration = frames()
@@ -113,9 +111,7 @@ def main() -> None:
                "max_output_difference_from_interpolate": round(built[scale][way][1], 5)}
         print(f"scale {scale:g}, {way}: {row['median_ms']} ms, the resize {row['resize_ms']} ms", flush=True)
         rows.append(row)
-    out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform()},
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python", *sys.argv]),
-           "threads": args.threads, "repeats": args.repeats, "rounds": args.rounds, "load_before": load,
+    out = {**record, "threads": args.threads, "repeats": args.repeats, "rounds": args.rounds, "load_before": load,
            "rows": rows}
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.json}")

@@ -224,6 +224,8 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "calibration.json"))
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     from qaopt.app_spec import load
 
     args.max_failure_rate = load(args.spec).qos.acceptance.max_failure_rate
@@ -233,7 +235,7 @@ def main() -> None:
         for dim in args.dims:
             results[dim] = run_dim(pool, args, dim, args.grid if dim == 2 else args.grid3)
             print("\n".join(table(results[dim], dim)) + "\n", flush=True)
-    summary: dict = {"spec": str(Path(args.spec).relative_to(REPO)) if args.spec.startswith(str(REPO)) else args.spec,
+    summary: dict = {**prov, "spec": str(Path(args.spec).relative_to(REPO)) if args.spec.startswith(str(REPO)) else args.spec,
                      "reps": args.reps, "first_seed": args.first_seed, "seconds": time.time() - t0}
     for dim, res in results.items():
         at = res["strategies"][str(min(args.budgets))]

@@ -18,7 +18,6 @@ untuned, 2 threads, the full 240x320 frame).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
@@ -81,12 +80,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-
-    from qaopt import kernels
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    record = provenance()
 
     out = args.out or (Path(tempfile.gettempdir()) / "channel_alignment.quick.json" if args.quick else OUT)
     ratios, rounds, cells = ((0.0, 0.35), (8,), CELLS[:1]) if args.quick else (RATIOS, ROUND_TO, CELLS)
-    load_before, started, t0 = os.getloadavg(), dt.datetime.now(dt.timezone.utc), time.perf_counter()
+    load_before, t0 = os.getloadavg(), time.perf_counter()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qaopt-alignment-") as tmp:
         folder, cache = Path(tmp), Path(tmp) / "kernels"
@@ -106,9 +105,8 @@ def main() -> None:
                 rows.append(row)
     load = lambda xs: " / ".join(f"{x:.2f}" for x in xs)  # noqa: E731
     result = {
-        "machine": {**kernels.host_cpu_info().to_dict(), "threads": args.threads},
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join([".venv/bin/python", "benchmarks/channel_alignment.py", *sys.argv[1:]]),
+        **record,
+        "threads": args.threads,
         "wall_s": round(time.perf_counter() - t0, 1),
         "notes": [f"load average (1 / 5 / 15 min) {load(load_before)} before, {load(os.getloadavg())} after",
                   "widths: the distinct output-channel counts of the pruned layers (the heads' outputs never "

@@ -1,4 +1,4 @@
-"""Closed-loop runs per CPU-second: one run per call (the old path) against a block of runs in lock-step (the new).
+"""Closed-loop runs per CPU-second: one run per call against a block of runs in lock-step (as validation runs them).
 
     python benchmarks/closed_loop_throughput.py [RUN_DIR] [--runs 8] [--length 20]
 

@@ -130,6 +130,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "cropfollow_estimator.json")
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     torch.set_num_threads(args.threads)
     evaluators = {p: CropFollowEvaluator(run_length_m=RUN_LENGTH_M, controller="mpc", estimator=p) for p in PIPELINES}
     print(f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, {args.threads} torch "
@@ -143,7 +145,7 @@ def main() -> None:
     curves_s = time.perf_counter() - started
     print_curves(curves, args.seeds)
     print(f"(injected-error curves: {curves_s:.0f} s wall)\n")
-    summary = {"machine": f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}",
+    summary = {**prov, "torch": torch.__version__,
                "run_length_m": RUN_LENGTH_M, "seeds_per_point": args.seeds, "single_run_cpu_ms": cpu_ms,
                "estimator_params": dataclasses.asdict(evaluators["ekf"].estimator),
                "error_models": {name: model.config() for name, model in MODELS.items()},

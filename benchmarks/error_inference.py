@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 
@@ -30,12 +28,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    record = provenance()
 
     import numpy as np
     import torch
 
     from qaopt.approx.quantize import CPU_BATCH, predict_torch
-    from qaopt.kernels import host_cpu_info
     from qaopt.simulators.cropfollow import reference_nn
 
     torch.set_num_threads(args.threads)
@@ -50,9 +49,7 @@ def main() -> None:
             rounds[b].append((time.perf_counter() - start) / args.frames * 1e3)
     reference = outputs[32] if 32 in outputs else outputs[args.batches[-1]]
     print(json.dumps({
-        "machine": {**host_cpu_info().to_dict(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "torch": torch.__version__},
-        "load_average": os.getloadavg(), "threads": args.threads, "frames": args.frames, "cpu_batch": CPU_BATCH,
+        **record, "torch": torch.__version__, "threads": args.threads, "frames": args.frames, "cpu_batch": CPU_BATCH,
         "ms_per_frame": {b: {"median": round(statistics.median(r), 3), "rounds": [round(v, 3) for v in r],
                              "max_abs_difference": float(np.abs(outputs[b] - reference).max())}
                          for b, r in rounds.items()},

@@ -1,4 +1,4 @@
-"""Replay a run's closed-loop evidence into its calibrated region, one configuration's runs at a time (issue 30).
+"""Replay a run's closed-loop evidence into its calibrated region, one configuration's runs at a time.
 
     python benchmarks/evidence_replay.py --run-dir DIR [--trials 1 2 7] --json docs/benchmarks/evidence_replay.json
 
@@ -25,6 +25,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, nargs="*", help="aware trials to probe (default: those that ran closed-loop)")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    record = provenance()
 
     from qaopt.calibrate import ErrorRegion
     from qaopt.stages.region import ClosedLoopEvidence, fold
@@ -51,8 +53,8 @@ def main() -> None:
         print(f"{step:2d} {row['configuration']:>22} {row['runs']:>16} {row['verdict']:>9}  outside: "
               f"{', '.join(outside) or 'none'}", flush=True)
         rows.append(row)
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python", *sys.argv]),
-           "certifier": region.certifier, "acceptance": region.acceptance.to_json(), "probes": probes, "rows": rows}
+    out = {**record, "certifier": region.certifier, "acceptance": region.acceptance.to_json(), "probes": probes,
+           "rows": rows}
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.json}")
 

@@ -1,4 +1,4 @@
-"""Fidelity (issue #13), part 2: does each error model's region predict the real NNs' closed-loop verdicts?
+"""Fidelity, part 2: does each error model's region predict the real NNs' closed-loop verdicts?
 
     .venv/bin/python benchmarks/fidelity.py --closed-loop DIR [DIR ...] --set NAME [--spec examples/lanekeep.yaml]
                                             [--budget 20] [--models gaussian,ar1,empirical,shaped]
@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import time
 from pathlib import Path
@@ -50,8 +48,8 @@ LOG_LINE = re.compile(r"\] (?P<name>[\w-]+): on-policy L1 (?P<on>[\d.e-]+), data
 DATASET_COORDINATES = "@dataset"
 STRESSED = "+stress"
 DECLARED_RATE = "@miss-rate-alone"
-"""The model name suffix of a region scored with each detector at its declared rate alone (the product before
-session 43), beside the product's placement by both error kinds."""
+"""The model name suffix of a region scored with each detector at its declared rate alone, beside the product's
+placement by both error kinds (what the placement by both kinds gains over the declared rate alone)."""
 BASES = ("on_policy", "dataset")
 LOG_REFERENCE = {"heading": "h-ref", "distance": "d-ref"}
 """The reference variants of a CropFollow set recorded before ``variants.json`` (its log names no NN or knobs)."""
@@ -269,6 +267,8 @@ def main() -> None:
     ap.add_argument("--set", required=True,
                     help="the name this set of configurations is kept under in --out (sets.<name>)")
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    record = provenance()
 
     from qaopt.spec import load_spec
     from qaopt.spec_adapter import acceptance_of, goal_of
@@ -290,7 +290,7 @@ def main() -> None:
                          "reach": reach(regions[model][0], reference["on_policy"])}
         print(f"{model}: {models[model]['agreement']} agreement, {models[model]['false_valid']} false-valid, "
               f"{cost['simulator_runs']} simulator runs, {cost['seconds']} s", flush=True)
-    if "ar1" in regions and any(c.get("other_rates") for c in configs):  # detectors placed as before session 43
+    if "ar1" in regions and any(c.get("other_rates") for c in configs):  # detectors at their declared rate alone
         models["ar1" + DECLARED_RATE] = {**scored(regions["ar1"], configs, "on_policy", both_kinds=False),
                                          **{k: models["ar1"][k] for k in ("simulator_runs", "evaluations", "seconds",
                                                                           "closed_loop_runs", "reach")}}
@@ -314,6 +314,7 @@ def main() -> None:
     scores = {"model": shipped, **models[shipped]["pipeline"],
               "without_region": pipeline(configs, None, goal, test)}
     out = {
+        **record,
         "configurations": len(configs),
         "models": models,
         "best": best,
@@ -324,8 +325,6 @@ def main() -> None:
                         "verdicts": {c["id"]: c["verdict"] for c in configs}},
         "truth": [{k: c[k] for k in ("id", *metrics, "runs", "failures", "verdict", "points", "other_rates", "macs",
                                      "source")} for c in configs],
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "date": time.strftime("%Y-%m-%d"),
     }
     # One file, one entry per set of configurations (each scored on its own); other sets' entries are kept.
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}

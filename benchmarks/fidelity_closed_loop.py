@@ -1,4 +1,4 @@
-"""Fidelity ground truth (issue #13), part 1: real approximated NNs in the closed loop.
+"""Fidelity ground truth, part 1: real approximated NNs in the closed loop.
 
     python benchmarks/fidelity_closed_loop.py [--spec examples/lanekeep.yaml] [--runs 48] [--workers 16]
                                               [--device cuda] --out DIR
@@ -58,7 +58,7 @@ HEADING = {
     "h-p90-ft400": {"prune_ratio": 0.9, "finetune_steps": 400},
     "h-p30-ft100-int8": {"prune_ratio": 0.3, "finetune_steps": 100, "dtype": "int8"},
     "h-p50-ft400-int8": {"prune_ratio": 0.5, "finetune_steps": 400, "dtype": "int8"},
-    # the resolution knob (issue 30), fine-tuned as the quick profile caps it
+    # the resolution knob, fine-tuned as the quick profile caps it
     "h-s75-int8": {"input_scale": 0.75, "dtype": "int8", "finetune_steps": 160},
     "h-s50-int8": {"input_scale": 0.5, "dtype": "int8", "finetune_steps": 160},
     "h-s375-int8": {"input_scale": 0.375, "dtype": "int8", "finetune_steps": 160},
@@ -268,6 +268,9 @@ def main() -> None:
                     help="override the run length, run_length_m or route_m of the spec's simulator (smoke tests only)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    import torch  # noqa: F401 - imported before provenance(), which names the GPU torch sees
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    record = provenance()
 
     from qaopt.closed_loop import VALIDATION_SEED_BASE
     from qaopt.spec import load_spec
@@ -334,11 +337,8 @@ def main() -> None:
     import torch
 
     out = {
-        "machine": {"cpu_count": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-        "date": time.strftime("%Y-%m-%d"),
+        **record,
+        "torch": torch.__version__,
         "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
         "runs_per_configuration": args.runs, length_key: params.get(length_key),
         "acceptance": spec.qos.acceptance.model_dump(), "qos": {"metric": goal.metric, "max": goal.max},

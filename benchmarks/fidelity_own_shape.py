@@ -1,4 +1,4 @@
-"""Fidelity diagnosis (issue #13): inject each real candidate's *own* fitted error process. Does the loop fail?
+"""Fidelity diagnosis: inject each real candidate's *own* fitted error process. Does the loop fail?
 
     .venv/bin/python benchmarks/fidelity_own_shape.py [--runs 96] [--run-dir docs/benchmarks/fidelity_device/run1]
                                                       [--strata]

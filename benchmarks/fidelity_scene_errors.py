@@ -1,4 +1,4 @@
-"""Each NN variant of a fidelity set, measured on the closed loop's own scenes and on fresh looks (issue #33).
+"""Each NN variant of a fidelity set, measured on the closed loop's own scenes and on fresh looks.
 
     python benchmarks/fidelity_scene_errors.py --closed-loop docs/benchmarks/fidelity_device/seed2 \
         [--spec examples/cropfollow.yaml] [--device cuda] [--steps 200] [--looks 48] [--workers 16] --out DIR
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -50,7 +49,6 @@ from fidelity_closed_loop import (  # noqa: E402
     InLoopNN,
     build_variants,
     configurations_of,
-    cpu_model,
     timestamped_log,
 )
 
@@ -119,6 +117,9 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    import torch  # noqa: F401 - imported before provenance(), which names the GPU torch sees
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     import pickle
 
@@ -195,11 +196,7 @@ def main() -> None:
     import torch
 
     (args.out / "scene_errors.json").write_text(json.dumps({
-        "machine": {"cpu_count": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-                    "python": platform.python_version(), "torch": torch.__version__,
-                    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        **prov, "torch": torch.__version__,
         "set": str(args.closed_loop), "steps": args.steps, "seeds": seeds_of,
         "seconds": {"build_and_measure": round(build_s, 1), "record": round(record_s, 1), "predict": round(predict_s, 1),
                     "steered": round(steered_s, 1)},

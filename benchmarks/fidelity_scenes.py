@@ -1,4 +1,4 @@
-"""Fidelity diagnosis (issue #33): which closed-loop seeds the real NNs fail, across configurations, against the seeds
+"""Fidelity diagnosis: which closed-loop seeds the real NNs fail, across configurations, against the seeds
 that injected errors fail.
 
     .venv/bin/python benchmarks/fidelity_scenes.py --closed-loop DIR [DIR ...] [--spec examples/cropfollow.yaml]
@@ -18,7 +18,6 @@ errors do not are scenes that no region charted with injected errors sees. Write
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -66,6 +65,8 @@ def main() -> None:
                     help="points of the error space to inject on the same seeds (a level for every NN)")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity_scenes.json")
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt.closed_loop import VALIDATION_SEED_BASE
     from qaopt.spec import load_spec
@@ -88,9 +89,7 @@ def main() -> None:
         injected = injected_failures(spec, points, seeds, goal)
 
     out = {
-        "command": " ".join(["python", *sys.argv]),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        **prov,
         "seeds": seeds, "configurations": rows,
         "failures_by_seed": {str(seeds[i]): n for i, n in by_seed.most_common()},
         "configurations_failing": len(failing),

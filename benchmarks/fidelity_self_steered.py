@@ -1,4 +1,4 @@
-"""Fidelity diagnosis (issue #33): each configuration's errors on drives its own NNs steer.
+"""Fidelity diagnosis: each configuration's errors on drives its own NNs steer.
 
     .venv/bin/python benchmarks/fidelity_self_steered.py --only 0,2,25,26,27 [--drives 16] [--steps 200]
         [--truth docs/benchmarks/fidelity_device/knobs-seed0] [--out FILE.json]
@@ -53,6 +53,9 @@ def main() -> None:
     ap.add_argument("--truth", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity_device" / "knobs-seed0")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    import torch  # noqa: F401 - imported before provenance(), which names the GPU torch sees
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt.simulators.cropfollow import CropFollowEvaluator
     from qaopt.spec import load_spec
@@ -97,7 +100,7 @@ def main() -> None:
         print(f"| {r['id']} | {r['variants']['heading']} | {r['variants']['distance']} | {r['closed_loop'] or '-'} | "
               f"{r['drives_ended_early']}/{args.drives} | {cells[0]} | {cells[1]} |")
     if args.out is not None:
-        args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        args.out.write_text(json.dumps({**prov,
                                         "drives": args.drives, "steps": args.steps, "seed_base": SEED_BASE,
                                         "seconds": round(time.perf_counter() - start, 1), "rows": rows}, indent=1))
 

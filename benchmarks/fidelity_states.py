@@ -1,4 +1,4 @@
-"""Fidelity diagnosis (issue #33): in which states real NNs fail the closed loop, and two ideas tried on it.
+"""Fidelity diagnosis: in which states real NNs fail the closed loop, and two ideas tried on it.
 
     .venv/bin/python benchmarks/fidelity_states.py --closed-loop docs/benchmarks/fidelity_device/seed2 \
         --scenes docs/benchmarks/fidelity_device/seed2-scenes [--spec examples/cropfollow.yaml] \
@@ -32,11 +32,9 @@ Writes ``--json`` and prints the figures.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
@@ -285,6 +283,8 @@ def main() -> None:
                     metavar="NAME=FOLDER,FOLDER")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity_states.json")
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt.spec import load_spec
     from qaopt.spec_adapter import goal_of
@@ -316,9 +316,7 @@ def main() -> None:
             f"{k} {v['agreement']} / {v['false_valid']} FV of {v['decided']}" for k, v in row["sets"].items()))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        **prov,
         "scenes": scenes, "excursions": excursion, "band": bands, "profiled": profiled,
     }, indent=1) + "\n")
     print(f"wrote {args.json}")

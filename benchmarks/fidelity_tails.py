@@ -1,4 +1,4 @@
-"""Fidelity (issue 33): would a tail coordinate (a high quantile of an NN's per-frame error) or a persistence
+"""Fidelity: would a tail coordinate (a high quantile of an NN's per-frame error) or a persistence
 coordinate (the error that stays once the frames are averaged) separate the configurations that fail the closed
 loop from those that pass, where the mean error does not?
 
@@ -31,10 +31,7 @@ kept) and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -108,6 +105,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "fidelity_tails.json")
     ap.add_argument("--set", required=True, help="the name this set is kept under in --out (sets.<name>)")
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt.app_spec.nn_errors import is_class_metric
     from qaopt.spec import load_spec
@@ -151,9 +150,7 @@ def main() -> None:
 
     out = json.loads(args.out.read_text()) if args.out.exists() else {"sets": {}}
     out["sets"][args.set] = {
-        "command": " ".join(["python", *sys.argv]),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        **prov,
         "nns": continuous, "statistics": statistics, "separation": scores,
         "decided": sum(c["verdict"] != "undecided" for c in rows), "configurations": rows,
     }

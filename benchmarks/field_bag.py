@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -97,20 +96,13 @@ def import_once(bag: Path, tmp: Path, i: int) -> dict:
     return json.loads(out.stdout)
 
 
-def machine() -> dict:
-    """The CPU's model and vector ISA (AVX2-only and AVX-512 machines differ), cores and Python."""
-    from qaopt.kernels.target import host_cpu_info
-
-    return {**host_cpu_info().to_dict(), "cores": os.cpu_count(), "python": platform.python_version()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "field_bag.json")
     args = parser.parse_args()
-    load_before = os.getloadavg()
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     results = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -140,10 +132,7 @@ def main() -> None:
         "what": "qaopt field import-bag: a rosbag2 MCAP bag with 50 Hz nav_msgs/Odometry and 30 Hz "
                 "sensor_msgs/CameraInfo, five 2-minute runs per 10 minutes; each import in a fresh process "
                 "into a fresh SQLite store",
-        "command": "benchmarks/field_bag.py " + " ".join(sys.argv[1:]),
-        "date": started,
-        "machine": machine(),
-        "load_average_before": [round(x, 2) for x in load_before],
+        **prov,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "target": {"import_s_10min": TARGET_S},
         "bags": results,

@@ -104,9 +104,9 @@ def main(workdir: Path) -> None:
     # The third robot's bag: bumper hits on /bumper (std_msgs/Bool), the rest in qaopt's convention.
     data["evaluator"]["field"] = {"store": "field.db",
                                   "bag": {"events": {"/qaopt/events": "json", "/bumper": "collision"}}}
-    # The calibration docs/field.md was recorded with (before the example moved to the AR(1) model
-    # and a narrower space): ApproxCaliper's white Gaussian errors over the wide space, the optimistic
-    # simulator that field runs are there to correct.
+    # The calibration docs/field.md's worked example uses (not the shipped spec's AR(1) model and narrower
+    # space): ApproxCaliper's white Gaussian errors over the wide space, the optimistic simulator that field
+    # runs are there to correct.
     data["calibration"].update(error_model="gaussian", space=[{"nn": "heading", "max": 30.0}, {"nn": "distance", "max": 0.25}])
     data["output"] = {"dir": ".", "cache_dir": ".qaopt-cache"}
     spec_path = workdir / "cropfollow.yaml"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -77,6 +76,8 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one, args.backbone, args.batch, args.steps, args.threads)))
         return
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     rows: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
     for _ in range(args.repeats):
         for layout in LAYOUTS:
@@ -87,7 +88,7 @@ def main() -> None:
             rows[layout].append(row["ms_per_step"])
             print(json.dumps(row), flush=True)
     medians = {layout: statistics.median(v) for layout, v in rows.items()}
-    print(json.dumps({"machine": platform.processor() or platform.machine(), "backbone": args.backbone,
+    print(json.dumps({**prov, "backbone": args.backbone,
                       "batch": args.batch, "threads": args.threads, "median_ms_per_step": medians,
                       "default_over_distiller": round(medians["default"] / medians["distiller"], 2)}))
 

@@ -59,11 +59,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = REPO / "docs" / "benchmarks" / "gpu.json"
@@ -198,12 +199,8 @@ def install(pip_log: Path, pip_status: int, junit: Path, out: Path) -> dict:
             outcome["passed"].append(name)
     import torch
 
-    from qaopt.kernels.target import host_cpu_info
-
-    record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-              "host_cpu": host_cpu_info().model, "python": ".".join(platform.python_version_tuple()[:2]),
-              "torch": torch.__version__, "command": command, "plain_pip": pip_status == 0 and "--no-deps" not in command
+    record = {**provenance(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+              "torch": torch.__version__, "install_command": command, "plain_pip": pip_status == 0 and "--no-deps" not in command
               and "--ignore-requires-python" not in command,
               "tests_passed": len(outcome["passed"]), "tests_failed": len(outcome["failed"]),
               "tests_skipped": len(outcome["skipped"]), "failed": outcome["failed"]}
@@ -219,15 +216,10 @@ def quick(run_dir: Path, seconds: float, out: Path) -> dict:
 
 
 def _machine() -> dict:
-    """When and where a run's record was written: the date, the GPU and the host's CPU."""
+    """When and where a run's record was written (:func:`provenance.provenance`), and the GPU."""
     import torch
 
-    from qaopt.kernels.target import host_cpu_info
-
-    cpu = host_cpu_info()
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "host_cpu": cpu.model, "host_isa": list(cpu.isa)}
+    return {**provenance(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def _completion(run_dir: Path, seconds: float) -> dict:
@@ -326,6 +318,9 @@ def _qaopt_on_artifact(module_path: Path, shape: list[int], backend: str) -> dic
 
 def latency(run_dir: Path, out: Path, max_autotune: bool, tvm_trials: int = 0) -> dict:
     """Every chosen NN of ``run_dir`` timed in every mode, against the latency qaopt reported for it."""
+    import torch  # noqa: F401 - imported before provenance(), which names the GPU torch sees
+
+    prov = provenance()
     result = json.loads((run_dir / "result.json").read_text())
     aware = result["aware"]
     modes = (*MODES, *((AUTOTUNE,) if max_autotune else ()), *(TVM_MODES if tvm_trials else ()))
@@ -351,9 +346,7 @@ def latency(run_dir: Path, out: Path, max_autotune: bool, tvm_trials: int = 0) -
               + ", ".join(f"{m} {t:.3f}" for m, t in timed.items()), flush=True)
     import torch
 
-    record = {"command": " ".join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
+    record = {**prov, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "protocol": {"warmup_frames": WARMUP, "warmup_s": WARMUP_S, "samples": SAMPLES, "frames_per_sample": FRAMES,
                            "frame": "one call, then torch.cuda.synchronize; CUDA events around each sample"},
               "goal": f"qaopt's reported latency within {GOAL}x of the best mode", "nns": rows}
@@ -378,6 +371,7 @@ def reference(spec_path: Path, out: Path, tvm_trials: int = 0, tvm_seconds: floa
     from qaopt.app_spec.entrypoints import load_entry_point
     from qaopt.spec import load_spec
 
+    prov = provenance()
     spec = load_spec(spec_path)
     target = kernels.Target.from_spec(spec.target)
     if tvm_trials:
@@ -404,9 +398,7 @@ def reference(spec_path: Path, out: Path, tvm_trials: int = 0, tvm_seconds: floa
                           "latency_vs_best": round(qaopt_ms / timed[best_mode], 3)}
             print(f"{name}: qaopt {compiled.backend} {qaopt_ms:.3f} ms; "
                   + ", ".join(f"{m} {t:.3f}" for m, t in timed.items()), flush=True)
-    record = {"command": " ".join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
-              "torch": torch.__version__, "python": platform.python_version(), "nns": rows}
+    record = {**prov, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "nns": rows}
     _write(out, record)
     return record
 

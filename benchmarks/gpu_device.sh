@@ -41,7 +41,7 @@
 #               reference-tvm.json, .log)
 #   ov-install  unpack OpenVINO carried in .ov-parts/ (made here by `bash benchmarks/device_parts.sh openvino`;
 #               23 MB, so one call carries it with .whl) into $OV_SITE; every later step of any call imports it
-#   real     the real result (issue 31; docs/BENCHMARKS.md, "The real result: ResNet-18 CropFollow on a pinned 2-thread
+#   real     the real result (docs/BENCHMARKS.md, "The real result: ResNet-18 CropFollow on a pinned 2-thread
 #            CPU target"): benchmarks/real_result.py on examples/cropfollow-resnet18.yaml with the EKF, the default
 #            profile, its CPU target on 2 pinned cores of this host (the pool's workers kept off them), the references
 #            trained on the GPU, and the spec fields in $QAOPT_REAL_SET (default: each side on the faster of OpenVINO
@@ -53,7 +53,7 @@
 #            order of its merge group (which NN leads) for each of $QAOPT_MERGE_STEPS (default 3000 1200 300), 48
 #            closed-loop runs a variant on the cores, in the background (poll; collect brings
 #            merge/merge_distillation_resnet18_<order>.json and merge.log)
-#   readme-cpu  the README's first command as on a 2-core CPU machine (issue 30's time goal): `qaopt optimize
+#   readme-cpu  the README's first command as on a 2-core CPU machine (the quick profile's time goal): `qaopt optimize
 #            examples/cropfollow.yaml --profile quick`, empty cache, on cores 0-1 of this host with the GPU hidden
 #            and 2 threads, in the background; `progress` (and so `poll`) shows its log and brings $OUT/readme-cpu.tgz
 #            (its log, wall seconds, stage seconds, report and result)
@@ -97,8 +97,8 @@ TVM_SITE=/tmp/tvm-site OV_SITE=/tmp/ov-site
 [ -d "$OV_SITE/openvino" ] && export PYTHONPATH=$OV_SITE${PYTHONPATH:+:$PYTHONPATH}
 # The real result's spec fields: each side on the faster of OpenVINO and ONNX Runtime, trials timed on OpenVINO; bf16
 # beside fp32 and int8 (OpenVINO runs it on the host's AMX, so the agnostic side may keep an NN's error in bf16); 48
-# validation drives per NN instead of 16, so the agnostic rule's 2 % test can resolve near-reference candidates (at 16,
-# session 27's run rejected every candidate but the references, the baseline uncompressed fp32 at 60 ms).
+# validation drives per NN instead of 16, so the agnostic rule's 2 % test can resolve near-reference candidates (at 16
+# it rejects every candidate but the references, and the baseline is the uncompressed fp32 NNs).
 REAL_SET=${QAOPT_REAL_SET:-"target.backend=auto target.backends=[openvino,onnxruntime] target.search_backend=openvino \
 approximations.all.quantization.dtypes=[fp32,bf16,int8] nns.heading.data.args.val_drives=48 \
 nns.distance.data.args.val_drives=48"}

@@ -73,12 +73,14 @@ def main() -> None:
     if args.report_only:
         report_markdown(json.loads(Path(args.json).read_text()))
         return
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     torch.manual_seed(0)
     x = torch.rand(1, 3, 240, 320)
     target = Target(threads=args.threads)
     peak = tu.cpu_peak_gflops(args.threads)
     db = tu.TuningDatabase.for_target(tvm_target(target), None, Path(args.cache) / "tvm-tuning")
-    results: dict = {"peak_gflops": peak, "threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    results: dict = {**prov, "peak_gflops": peak, "threads": args.threads}
 
     rows = []
     for name in args.nns:

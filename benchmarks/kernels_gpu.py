@@ -132,6 +132,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one)))
         return
+    import torch  # noqa: F401 - imported before provenance(), which names the GPU torch sees
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     env = {**os.environ, "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS": "ATEN,TRITON",
            "TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS": "ATEN,TRITON"}
     rows = []
@@ -145,7 +148,7 @@ def main() -> None:
             rows.append({"model": name, "error": f"timed out after {args.limit_s:.0f} s"})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "kernels_gpu.json").write_text(json.dumps(rows, indent=1))
+    (Path(args.out) / "kernels_gpu.json").write_text(json.dumps({**prov, "rows": rows}, indent=1))
     print("| model | eager ms (IQR) | compile default ms | max-autotune ms (IQR) | max-autotune compile s | speedup vs eager |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -27,7 +27,6 @@ The JSON file is read, its ``table`` key replaced and every other key kept.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import subprocess
@@ -285,8 +284,9 @@ def main() -> None:
     from qaopt import kernels
 
     out = args.out or (Path(tempfile.gettempdir()) / "knobs.quick.json" if args.quick else OUT)
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     load_before = os.getloadavg()
-    started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
     print(f"load average before: {' / '.join(f'{x:.2f}' for x in load_before)}", flush=True)
     rows: list[dict[str, Any]] = []
@@ -321,9 +321,8 @@ def main() -> None:
         *args.note,
     ]
     table = {
-        "machine": {**cpu.to_dict(), "threads": args.threads},
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join([".venv/bin/python", "benchmarks/knobs.py", *sys.argv[1:]]),
+        **prov,
+        "threads": args.threads,
         "wall_s": round(wall, 1),
         "load_average": {"before": list(load_before), "after": list(load_after)},
         "versions": versions(),

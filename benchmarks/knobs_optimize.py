@@ -1,6 +1,6 @@
 """Knobs in the application: what a finished `qaopt optimize` run of a shipped example gained, into knobs.json.
 
-Issue 30's application goals are about whole runs, not the knob table: CropFollow's compact
+The application goals are about whole runs, not the knob table: CropFollow's compact
 NNs, default profile, aware over agnostic >= 3x with both configurations validated in >= 50
 closed-loop runs; LaneKeep's default >= 2x. This script reads the run's ``result.json`` (the
 run is made with the product's own command, on the machine the figure is for) and writes the
@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from knobs import OUT, versions, write
+from provenance import provenance
 
 GOALS = {"cropfollow": 3.0, "lanekeep": 2.0}
-"""Aware over agnostic each application's default profile should reach (issue 30)."""
+"""Aware over agnostic each application's default profile should reach."""
 VALIDATION_RUNS = 50
 """Closed-loop runs each side's validation needs for the ratio to count."""
 
@@ -67,7 +66,7 @@ def record(app: str, result_path: Path) -> dict[str, Any]:
     validated = all(v is not None and v["runs"] >= VALIDATION_RUNS and v["verdict"] == "valid"
                     for v in (aware_runs, agnostic_runs))
     # A faster agnostic candidate that its tolerance test could not decide for want of validation frames means the
-    # baseline was held back by its data, not by its NNs: a ratio against it is no goal met (session 41).
+    # baseline was held back by its data, not by its NNs: a ratio against it is no goal met.
     unresolved = {unit: u.model_dump(mode="json", include={"trial", "params", "quick_ms", "baseline_ms", "data_needed"})
                   for unit, u in (r.agnostic_rule.unresolved.items() if r.agnostic_rule is not None else ())}
     finished = dt.datetime.fromtimestamp(result_path.stat().st_mtime, dt.timezone.utc)
@@ -101,9 +100,7 @@ def record(app: str, result_path: Path) -> dict[str, Any]:
         "result": str(result_path),
         "run_finished": finished.strftime("%Y-%m-%d %H:%M UTC"),
         "stage_seconds": r.seconds,
-        "machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count()},
-        "load_average_when_recorded": list(os.getloadavg()),
-        "command": " ".join([".venv/bin/python", "benchmarks/knobs_optimize.py", *sys.argv[1:]]),
+        **provenance(),
         "versions": versions(),
     }
 

@@ -72,8 +72,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     out_file = args.out / "ladders.json"
     report = json.loads(out_file.read_text()) if out_file.exists() else {}
-    report["machine"] = {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                         "device": args.device, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None}
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+
+    report.update({**provenance(), "torch": torch.__version__, "device": args.device})
     names = args.nn or list(spec.nns)
     nns = target_nns(spec, cache, names)
     ladder_knobs: dict[str, Knobs] = {}

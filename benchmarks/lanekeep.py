@@ -1,4 +1,4 @@
-"""LaneKeep, the second shipped application (issue #15): QoS under injected error, NNs in the loop,
+"""LaneKeep, the second shipped application: QoS under injected error, NNs in the loop,
 the calibrated 3-NN region, and `qaopt optimize` quick and default.
 
     .venv/bin/python benchmarks/lanekeep.py qos [--seeds 32]        # QoS vs injected error, per NN and kind
@@ -163,6 +163,8 @@ def main() -> None:
     ap.add_argument("--result", type=Path, default=None, help="optimize: read this finished run's result.json instead")
     ap.add_argument("--json", type=Path, default=JSON)
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     out = args.out or REPO / "runs" / f"lanekeep-{args.part if args.part != 'optimize' else args.profile}"
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.2f}\n")
@@ -175,7 +177,7 @@ def main() -> None:
     else:
         figures = part_optimize(args.profile, out, args.result)
     data = json.loads(args.json.read_text()) if args.json.exists() else {}
-    data.update({"nns": len(_spec().nns), **figures})
+    data.update({**prov, "nns": len(_spec().nns), **figures})  # the provenance of the part written last
     args.json.write_text(json.dumps(data, indent=1, default=float) + "\n")
     print(f"\nwrote {args.json}")
 

@@ -1,4 +1,4 @@
-"""What LaneKeep's region misses about its stop detector (issue 33): when each sign's detection begins.
+"""What LaneKeep's region misses about its stop detector: when each sign's detection begins.
 
     python benchmarks/lanekeep_stop_onsets.py --closed-loop DIR [DIR ...] [--why DIR --cache-dir CACHE]
 
@@ -12,7 +12,7 @@ alarms just before the sign is in range), beside the closed-loop verdicts of the
 only the detector.
 
 Part 2 (``--why``: a folder whose ``closed_loop/<id>.json`` keep every QoS metric per run, as
-``fidelity_closed_loop.py`` now writes) prints which QoS metric failed each failing run of ``--config``, then
+``fidelity_closed_loop.py`` writes) prints which QoS metric failed each failing run of ``--config``, then
 drives those runs' seeds and as many passing ones, with the reference NNs steering and with the configuration's,
 and prints per sign where the detector variant's acted-on streak begins there: the states the closed loop
 failed in.

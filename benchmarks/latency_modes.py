@@ -1,4 +1,4 @@
-"""Does a sub-millisecond NN's latency depend on the process it is measured in, and does ONNX Runtime's spinning matter? (issue #16)
+"""Does a sub-millisecond NN's latency depend on the process it is measured in, and does ONNX Runtime's spinning matter?
 
     .venv/bin/python benchmarks/latency_modes.py [--processes 12] [--model compact] [--out FILE.json]
 
@@ -90,11 +90,12 @@ def main() -> None:
         print(json.dumps(child(args.child[0], args.child[1] == "1")))
         return
     import torch
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt import kernels
 
-    result: dict = {"machine": f"{os.cpu_count()} cores", "load_average_at_start": round(os.getloadavg()[0], 2),
-                    "threads": THREADS, "rows": []}
+    result: dict = {**prov, "threads": THREADS, "rows": []}
     with tempfile.TemporaryDirectory(prefix="qaopt-modes-") as tmp:
         models = build_models(Path(tmp), [args.model])
         fp32_onnx = Path(tmp) / f"{args.model}.onnx"

@@ -1,4 +1,4 @@
-"""Is a latency repeatable across processes, and flagged when a loaded machine disturbs it? (issue #16)
+"""Is a latency repeatable across processes, and flagged when a loaded machine disturbs it?
 
 The compact and ResNet-18 NavNets (seeded random weights: every process builds the
 same ones), fp32 and int8 (the static QDQ graph qaopt's quantization makes), on
@@ -100,10 +100,12 @@ def main() -> None:
         model, backend, threads = args.child
         print(json.dumps(measure_in_this_process(model, backend, int(threads))))
         return
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     backbones = ["compact"] if args.quick else ["compact", "resnet18"]
     processes = 2 if args.quick else args.processes
     out = args.out or (Path(tempfile.gettempdir()) / "latency_repeatability.quick.json" if args.quick else OUT)
-    result: dict[str, list] = {"idle": [], "loaded": []}
+    result: dict = {**prov, "idle": [], "loaded": []}
     with tempfile.TemporaryDirectory(prefix="qaopt-repeat-") as tmp:
         models = build_models(Path(tmp), backbones)
         for (backbone, dtype), model in models.items():

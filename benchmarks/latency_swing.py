@@ -1,9 +1,9 @@
-"""The cause of the 3x latency swing (issue #16): intra-op pools as wide as the cores, beside other processes.
+"""The cause of a 3x latency swing: intra-op pools as wide as the cores, beside other processes.
 
 The compact NavNet at ``--threads`` threads: ONNX Runtime int8 (the QDQ graph
 qaopt makes; spin-waiting off, as qaopt runs it, and on) and torch bf16, each
 idle and beside one and two CPU-bound processes. Each is timed twice: by a bare
-loop (what the old protocol saw: a median, nothing else) and by qaopt's
+loop (a plain median, nothing else) and by qaopt's
 measurement (pinned threads, interference probe, retries, the trust flag).
 What to look for: the bare figure multiplies under load and says nothing; qaopt's
 is flagged untrusted whenever the neighbours took the cores.
@@ -36,7 +36,7 @@ def neighbours(count: int) -> list[subprocess.Popen]:
 
 
 def bare_median(call, calls: int) -> float:
-    """The old protocol's view: a few warm-up calls, then the median of timed calls."""
+    """A plain protocol's view: a few warm-up calls, then the median of timed calls."""
     for _ in range(3):
         call()
     times = []
@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     import numpy as np
     import onnxruntime as ort
@@ -122,7 +124,7 @@ def main() -> None:
         qaopt = f"{r['qaopt_ms']:.3f} [{r['ci_ms'][0]:.3f}, {r['ci_ms'][1]:.3f}]" if "qaopt_ms" in r else "-"
         print(f"| {r['case']} | {r['neighbours']} | {r['bare_ms']:.3f} | {qaopt} | {r.get('trusted', '-')} |")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": kernels.host_cpu_info().to_dict(), "threads": args.threads, "rows": rows},
+    out.write_text(json.dumps({**prov, "threads": args.threads, "rows": rows},
                               indent=2) + "\n")
     print(f"\nwrote {out}")
 

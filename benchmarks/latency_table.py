@@ -1,4 +1,4 @@
-"""One table, one run: the CropFollow NavNets on every backend and dtype, on this CPU (issue #16).
+"""One table, one run: the CropFollow NavNets on every backend and dtype, on this CPU.
 
 Compact and ResNet-18 NavNets (seeded random weights; timing does not depend on
 training) x fp32 / bf16 / int8 x torch eager, torch-compile, ONNX Runtime,
@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", nargs=3, metavar=("MODEL", "COLUMN", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt import kernels
 
@@ -145,7 +147,7 @@ def main() -> None:
     if reasons:
         print("\nn/a:\n" + "\n".join(f"- {k}: {v}" for k, v in reasons.items()))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": {**cpu.to_dict(), "threads": args.threads}, "tvm_trials": trials,
+    out.write_text(json.dumps({**prov, "threads": args.threads, "tvm_trials": trials,
                                "tvm_seconds": args.tvm_seconds,
                                "versions": {c: kernels.backend_version(c.split()[0]) for c in COLUMNS},
                                "rows": rows}, indent=2) + "\n")

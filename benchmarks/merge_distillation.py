@@ -1,4 +1,4 @@
-"""How long a merged NN must be distilled before the closed loop keeps it (issue #30).
+"""How long a merged NN must be distilled before the closed loop keeps it.
 
     python benchmarks/merge_distillation.py [--steps 300 1200 3000] [--scale 1.0] [--adapt 0] [--align spec]
         [--prune 0.0] [--finetune 0] [--runs 48]
@@ -11,8 +11,8 @@ that many steps from the reference NNs, exactly as ``qaopt optimize`` does (:fun
 the lead the product picks), in int8 at ``--scale`` (the input resolution, each side rounded to a multiple of
 ``--align``, by default the spec's ``resolution.align``), adapted ``--adapt`` steps to that scale once, as
 ``resolution.adapt_steps`` does, then pruned ``--prune`` of its channels and fine-tuned ``--finetune`` steps, as a
-search trial's candidate is built (scaled rows kept before session 42, whose knobs name only ``finetune_steps``,
-were fine-tuned that many steps after the spec's own ``adapt_steps``), with ``--freeze`` kept as the lead trained
+search trial's candidate is built (a kept row whose knobs name only ``finetune_steps``, not ``input_adapt_steps``,
+was fine-tuned that many steps after the spec's own ``adapt_steps``), with ``--freeze`` kept as the lead trained
 it while the rest distils (``spec``: the group's ``freeze``; ``none``: end to end) and then ``--end-to-end`` steps
 of the whole merged NN (``spec``: the group's ``end_to_end_steps``), trained in ``--precision``
 (``auto``: what ``qaopt optimize`` chooses on this machine, ``training.precision``; cache keys name no precision,
@@ -175,6 +175,9 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=None, help="default: the spec's cache")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "merge_distillation.json")
     args = ap.parse_args()
+    import torch  # noqa: F401 - imported before provenance(), which names the GPU torch sees
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     import torch
 
@@ -209,10 +212,7 @@ def main() -> None:
     rows = sorted((json.loads(p.read_text()) for p in done.glob("*.json")),
                   key=lambda r: (r.get("seed_base", VALIDATION_SEED_BASE), -r["knobs"]["input_scale"],
                                  r["knobs"].get("finetune_steps", 0), r["steps"]))
-    out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform(),
-                       "python": platform.python_version(), "torch": torch.__version__},
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "command": " ".join(["python", *sys.argv]),  # this file's; each row made since session 17 keeps its own
+    out = {**prov, "torch": torch.__version__,  # this run's command; a row that records a command keeps its own
            "spec": str(args.spec.relative_to(REPO)) if args.spec.is_relative_to(REPO) else str(args.spec),
            "acceptance": spec.qos.acceptance.model_dump(), "rows": rows}
     args.json.write_text(json.dumps(out, indent=1) + "\n")

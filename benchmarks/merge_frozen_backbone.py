@@ -1,4 +1,4 @@
-"""A merged CropFollow NN trained on its lead's frozen backbone: how close it gets, and at what cost (issue #30).
+"""A merged CropFollow NN trained on its lead's frozen backbone: how close it gets, and at what cost.
 
     python benchmarks/merge_frozen_backbone.py [--cache-dir .qaopt-cache] [--shared-steps 3000] [--own-steps 1500]
         [--batch 16] [--threads 2] [--runs 0] [--spec examples/cropfollow.yaml] [--workers 2]
@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="processes running the closed-loop runs")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     import numpy as np
 
@@ -144,10 +146,7 @@ def main() -> None:
             rows[-1]["closed_loop"] = closed_loop(merged.eval(), args)
 
     out = {
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _cpu(),
-                    "python": platform.python_version(), "torch": torch.__version__, "threads": args.threads},
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python benchmarks/merge_frozen_backbone.py " + " ".join(sys.argv[1:]),
+        **prov, "torch": torch.__version__, "threads": args.threads,
         "lead": "distance", "frames": {"train": len(frames_train), "val": len(frames_val)},
         "features_s": round(features_s, 1), "reference_l1": ref_l1, "designs": rows,
     }

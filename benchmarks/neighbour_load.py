@@ -1,4 +1,4 @@
-"""Does work on the *other* cores slow a measurement's pinned cores? (issue #16)
+"""Does work on the *other* cores slow a measurement's pinned cores?
 
     python benchmarks/neighbour_load.py [--seconds 20] [--measure-cores 0,1] [--out FILE.json]
 
@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--measure-cores", default="0,1")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     usable = sorted(os.sched_getaffinity(0))
     measure = [int(c) for c in args.measure_cores.split(",")]
     others = [c for c in usable if c not in measure]
@@ -86,7 +88,7 @@ def main() -> None:
         r["over_idle"] = r["median_ms"] / base
         print(f"| {phase} | {r['median_ms']:.3f} | {r['q1_ms']:.3f}-{r['q3_ms']:.3f} | {r['over_idle']:.2f}x |")
     if args.out is not None:
-        args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "cores": len(usable),
+        args.out.write_text(json.dumps({**prov, "cores": len(usable),
                                         "measure_core": measure[0], "load_cores": others, "phases": rows}, indent=1) + "\n")
         print(f"wrote {args.out}")
 

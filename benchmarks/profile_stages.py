@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", help="also write the summary here")
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
     with open(args.profile) as f:
         summary = summarize(f, args.rate, args.top)
     for stage, s in summary.items():
@@ -64,7 +66,7 @@ def main() -> None:
             print(f"  {seconds:8.1f}  {name}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rate": args.rate, "stages": summary}, f, indent=1)
+            json.dump({**prov, "rate": args.rate, "stages": summary}, f, indent=1)
 
 
 if __name__ == "__main__":

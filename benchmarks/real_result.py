@@ -69,8 +69,8 @@ def main() -> None:
     ap.add_argument("--profile", default="default")
     ap.add_argument("--cache", type=Path, default=None, help="cache folder (default: OUT/cache); runs may share one")
     ap.add_argument("--state", type=Path, default=None, help="tar.gz to resume from and keep the state in")
-    # Every 30 s: a state is a few hundred kB, and what a lent machine ran after the last one is lost with it
-    # (session 32's last state, 2 minutes old, missed the aware study's last six trials).
+    # Every 30 s: a state is a few hundred kB, and what a lent machine ran after the last one is lost with it (a
+    # state two minutes old can miss several trials of the aware study).
     ap.add_argument("--snapshot-every", type=float, default=30.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--rungs", type=Path, default=None, metavar="STATE", help="print the rungs a saved run measured, and stop")
@@ -118,9 +118,11 @@ def main() -> None:
 
 
 def write_figures(result: Path, spec: Path, target: Path) -> None:
-    """The issue's figures (:func:`real_result`) of a finished run's ``result.json`` and the spec it optimized, into
-    ``target`` and printed."""
-    figures = real_result(json.loads(result.read_text()), yaml.safe_load(spec.read_text()))
+    """The figures (:func:`real_result`) of a finished run's ``result.json`` and the spec it optimized, into
+    ``target`` and printed, with where and when they were written (:func:`provenance.provenance`)."""
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+
+    figures = {**provenance(), **real_result(json.loads(result.read_text()), yaml.safe_load(spec.read_text()))}
     target.write_text(json.dumps(figures, indent=1) + "\n")
     print(json.dumps(figures, indent=1))
 

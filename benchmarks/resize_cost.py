@@ -1,5 +1,4 @@
-"""What the in-graph resize of a scaled int8 candidate costs, op by op, on OpenVINO's or ONNX Runtime's CPU backend
-(issue 30).
+"""What the in-graph resize of a scaled int8 candidate costs, op by op, on OpenVINO's or ONNX Runtime's CPU backend.
 
     python benchmarks/resize_cost.py --cache-dir <a run's cache> --candidate LABEL=KEY ... [--threads 2]
         [--repeats 300] [--backend openvino|onnxruntime] --json docs/benchmarks/resize_cost.json
@@ -22,8 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -102,8 +99,8 @@ def main() -> None:
     ap.add_argument("--backend", choices=sorted(PROFILERS), default="openvino")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
-
-    from qaopt import kernels
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    record = provenance()
 
     rows = []
     for item in args.candidate:
@@ -114,9 +111,7 @@ def main() -> None:
         row = {"label": label, "candidate": key, **PROFILERS[args.backend](path, args.threads, args.repeats)}
         print(f"{label}: {row['median_ms']} ms, its ops {row['ops_ms']} ms, resize {row['resize_ms']} ms", flush=True)
         rows.append(row)
-    out = {"machine": {**kernels.host_cpu_info().to_dict(), "cores": os.cpu_count(), "platform": platform.platform()},
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(["python", *sys.argv]),
-           "backend": args.backend, "threads": args.threads, "repeats": args.repeats, "rows": rows}
+    out = {**record, "backend": args.backend, "threads": args.threads, "repeats": args.repeats, "rows": rows}
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.json}")
 

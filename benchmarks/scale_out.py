@@ -1,4 +1,4 @@
-"""Scale out (issue #18): closed-loop validation and a calibration with 1, 4, 8 and 16 workers.
+"""Scale out: closed-loop validation and a calibration with 1, 4, 8 and 16 workers.
 
     .venv/bin/python benchmarks/scale_out.py [--workers 1,4,8,16] [--runs 48] [--length 100]
                                              [--budget 20] [--skip-calibration] [--out docs/benchmarks/scale_out.json]
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -97,6 +96,8 @@ def main() -> None:
     ap.add_argument("--skip-validation", action="store_true")
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "scale_out.json"))
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt.spec import load_spec
 
@@ -106,9 +107,7 @@ def main() -> None:
     short = spec.model_copy(update={"evaluator": spec.evaluator.model_copy(update={"simulator": sim})})
     counts = [int(w) for w in args.workers.split(",")]
     result: dict = {"validation": {}, "validation_warmup": {}, "calibration": {}, "details": {"validation": {}, "calibration": {}},
-                    "machine": f"{platform.machine()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
-                               f"{platform.python_implementation()} {platform.python_version()}",
-                    "load_average_at_start": round(os.getloadavg()[0], 2),
+                    **prov, "usable_cores": len(os.sched_getaffinity(0)),
                     "sizes": {"validation_runs": args.runs, "run_length_m": args.length,
                               "calibration_budget": args.budget, "calibration_run_length_m": spec.evaluator.simulator.params.get("run_length_m")}}
     for w in counts:

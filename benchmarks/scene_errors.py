@@ -1,4 +1,4 @@
-"""How a merged NN errs along a whole closed-loop run, against the reference NNs on the same frames (issue #33).
+"""How a merged NN errs along a whole closed-loop run, against the reference NNs on the same frames.
 
     python benchmarks/scene_errors.py [--spec examples/cropfollow.yaml] --seeds 5000001 5000002 ...
         [--steps 800] [--json docs/benchmarks/scene_errors.json]
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -41,6 +39,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="distillation steps (default: the spec's merge group's)")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks" / "scene_errors.json")
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt import kernels
     from qaopt.approx.merge import build_merged
@@ -81,9 +81,7 @@ def main() -> None:
         rows.append(row)
 
     out = {
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python benchmarks/scene_errors.py " + " ".join(sys.argv[1:]),
+        **prov,
         "spec": spec.app.name, "merge": {"nns": list(merge.nns), "steps": group.finetune_steps, "knobs": "int8, full resolution"},
         "nn_order": order,
         "validation_error": {n: {"merged": merged[n].error, "reference": reference[n].error} for n in merge.nns},

@@ -1,4 +1,4 @@
-"""Which scenes the real NNs failed in a run's validation, and whether injected errors fail them too (issues #31, #33).
+"""Which scenes the real NNs failed in a run's validation, and whether injected errors fail them too.
 
     python benchmarks/scene_failures.py --state STATE.tar.gz --spec SPEC.yaml [--set DOTTED.KEY=YAML ...]
         [--estimator ekf] [--workers 2] [--reference] [--json docs/benchmarks/scene_failures_resnet18.json]
@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sqlite3
 import sys
 import tempfile
-import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -49,6 +47,8 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true", help="run the reference NNs on the failing seeds' blocks")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
+    from provenance import provenance  # the machine, date, commit, command and load every benchmark JSON records
+    prov = provenance()
 
     from qaopt.app_spec import load, store
     from qaopt.closed_loop import VALIDATION_SEED_BASE, ValidationBlocks, validation_blocks
@@ -99,9 +99,7 @@ def main() -> None:
         for s in row["real_failed_seeds"]:
             shared[s] = shared.get(s, 0) + 1
     out = {
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python benchmarks/scene_failures.py " + " ".join(sys.argv[1:]),
+        **prov,
         "spec": spec.app.name, "error_model": spec.calibration.error_model, "seed_base": VALIDATION_SEED_BASE,
         "seeds": len(seeds), "perfect_failed_seeds": perfect,
         "real_failures_by_seed": {str(s): n for s, n in sorted(shared.items())},

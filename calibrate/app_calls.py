@@ -9,10 +9,14 @@ Every run qaopt asks of an application (calibration's ``evaluate``, closed-loop 
   it comes back as an :class:`AppFailure` (the method, the seeds, the exception and its
   traceback), the caller stores nothing of that block and stops the run with
   :class:`ApplicationFault`, one line naming the method, the seeds and the point or NNs.
-- **A wall-clock limit.** A call that runs past ``RunLimits.time_limit_s`` is interrupted
-  (``SIGALRM`` in the thread that runs it, the main thread of a pool worker or of the
-  command) and fails the same way, with its elapsed time. Where no alarm can be set (a
-  Dask worker's thread), the call runs unlimited.
+- **A wall-clock limit learnt from the run.** A call counts as hung once it runs past
+  :data:`HANG_MULTIPLE` times the median seconds per seed of this process's earlier calls of
+  the same method (:func:`hang_limit`; at least :data:`HANG_FLOOR_S`), or past
+  ``RunLimits.time_limit_s``, the hard cap. A limit the user set (``output.time_limit_s``,
+  ``--time-limit``) is used as given. A hung call is interrupted (``SIGALRM`` in the thread
+  that runs it, the main thread of a pool worker or of the command) and fails the same way,
+  with its elapsed time. Where no alarm can be set (a Dask worker's thread), the call runs
+  unlimited.
 - **Retries.** ``RunLimits.retries`` calls again after a failure before giving up; an
   application whose failures are transient (a simulator's license server, a flaky
   socket) then still gives its deterministic result.
@@ -24,9 +28,11 @@ from __future__ import annotations
 
 import math
 import signal
+import statistics
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +42,85 @@ from qaopt.app_spec.schema import DEFAULT_TIME_LIMIT_S
 from qaopt.calibrate.protocols import declared_options
 
 
+HANG_MULTIPLE = 10.0
+"""A call counts as hung past this many times the median seconds per seed of the earlier calls of its kind. A
+closed-loop run's length varies with its scene and ends early when the robot fails; ten medians leave room for the
+longest drives while a hung call is noticed in minutes, not after the 30-minute hard cap."""
+HANG_FLOOR_S = 60.0
+"""The learnt limit is never below this: a call of a few seconds may take far longer on a loaded machine."""
+HANG_LEARN_AFTER = 1
+"""Calls of a kind this process must have finished before their times set the limit; until then the hard cap holds."""
+_KEPT_TIMES = 256
+
+
 @dataclass(frozen=True)
 class RunLimits:
     """How long one application call may take and how often a failed call is tried again (the spec's ``output``)."""
 
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     retries: int = 0
+    learnt: bool = True
+    """Whether a call counts as hung before ``time_limit_s`` once this process has timed calls of its kind (false
+    when the user set the limit: ``output.time_limit_s`` in the spec, ``--time-limit``)."""
+
+
+class _CallTimes:
+    """Seconds per seed of this process's finished calls, per (application class, method): a pool worker's, or the
+    command's when it runs the application itself. Shared by the threads of a process; never pickled."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._times: dict[tuple[str, str], deque[float]] = {}
+
+    def add(self, kind: tuple[str, str], per_seed_s: float) -> None:
+        with self._lock:
+            self._times.setdefault(kind, deque(maxlen=_KEPT_TIMES)).append(per_seed_s)
+
+    def median(self, kind: tuple[str, str]) -> float | None:
+        with self._lock:
+            times = list(self._times.get(kind, ()))
+        return statistics.median(times) if len(times) >= HANG_LEARN_AFTER else None
+
+    def forget(self) -> None:
+        with self._lock:
+            self._times.clear()
+
+
+_CALL_TIMES = _CallTimes()
+
+
+def forget_call_times() -> None:
+    """Drop the call times this process has learnt (a new run in the same process starts with the hard cap)."""
+    _CALL_TIMES.forget()
+
+
+def _kind(app: object, method: str) -> tuple[str, str]:
+    return f"{type(app).__module__}.{type(app).__qualname__}", method
+
+
+@dataclass(frozen=True)
+class HangLimit:
+    """The seconds a call may run, and the words that say where that number comes from."""
+
+    seconds: float
+    source: str
+
+
+def hang_limit(app: object, method: str, seeds: int, limits: RunLimits) -> HangLimit:
+    """How long a call of ``app.method`` on ``seeds`` seeds may run before it counts as hung.
+
+    ``max(HANG_FLOOR_S, HANG_MULTIPLE x median seconds per seed x seeds)`` once this process has timed such calls,
+    never above ``limits.time_limit_s``; the hard cap alone when it has not, or when the user set the limit.
+    """
+    hard = HangLimit(limits.time_limit_s, "output.time_limit_s, --time-limit")
+    median = _CALL_TIMES.median(_kind(app, method)) if limits.learnt else None
+    if median is None:
+        return hard
+    learnt = max(HANG_FLOOR_S, HANG_MULTIPLE * median * max(1, seeds))
+    if learnt >= hard.seconds:
+        return hard
+    return HangLimit(learnt, f"{HANG_MULTIPLE:g}x the median {median:.3g} s per seed of this run's earlier {method} "
+                             f"calls, at least {HANG_FLOOR_S:g} s; output.time_limit_s or --time-limit sets it")
 
 
 @dataclass(frozen=True)
@@ -121,14 +200,16 @@ def call_application(app: object, method: str, arg: Any, seeds: Sequence[int], l
     kwargs = declared_options(fn, **options)
     attempts = max(1, 1 + int(limits.retries))
     failure = None
+    kind = _kind(app, method)
     for attempt in range(1, attempts + 1):
+        limit = hang_limit(app, method, len(seeds), limits)
         start = time.monotonic()
         try:
-            with _alarm(limits.time_limit_s):
+            with _alarm(limit.seconds):
                 result = fn(arg, list(seeds), *extra, **kwargs)
         except _TimeUp:
             elapsed = time.monotonic() - start
-            error = f"ran past its time limit of {limits.time_limit_s:g} s (output.time_limit_s, --time-limit)"
+            error = f"ran past its time limit of {limit.seconds:g} s ({limit.source})"
             failure = AppFailure(type(app).__name__, method, tuple(seeds), error, elapsed, traceback.format_exc(), attempt)
             continue
         except Exception as exc:  # noqa: BLE001 - anything the application raises is its failure, named to the user
@@ -137,6 +218,7 @@ def call_application(app: object, method: str, arg: Any, seeds: Sequence[int], l
             continue
         problem = check(result) if check is not None else None
         if problem is None:
+            _CALL_TIMES.add(kind, (time.monotonic() - start) / max(1, len(seeds)))
             return Outcome(result)
         failure = AppFailure(type(app).__name__, method, tuple(seeds), f"returned {problem}",
                              time.monotonic() - start, "", attempt)

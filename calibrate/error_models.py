@@ -333,9 +333,9 @@ def off_nominal_bias(residuals: Sequence[np.ndarray], truths: Sequence[np.ndarra
 class AR1Profile(AR1):
     """AR(1) errors fitted to the reference NN, plus the reference's own bias where the true value is off-nominal.
 
-    Measured on CropFollow (docs/BENCHMARKS.md, "Fidelity, session 44"), real NNs fail the closed loop in
+    Measured on CropFollow (docs/benchmarks/fidelity_states.json, ``excursions``), real NNs fail the closed loop in
     excursions: a few seconds a run far from the row's centre, where the reference distance NN itself reads the
-    robot nearer the centre than it is (0.48 of the row spacing at the far edge). Errors injected the same
+    robot nearer the centre than it is. Errors injected the same
     everywhere let the simulated robot see perfectly out there, so a region charted with them reaches errors the
     real NNs do not survive. This model injects, at every point, the reference's off-nominal bias
     (:func:`off_nominal_bias`: zero over the central :data:`NOMINAL_SHARE` of the true values) on top of AR(1)

@@ -53,8 +53,8 @@ DEVICE_BACKENDS: dict[str, tuple[BackendRef, ...]] = {"cpu": CPU_BACKENDS, "cuda
 TUNED_ONLY = ("tvm",)
 """Backends the device's own list races only where the target's budget tunes kernels: TVM's default schedules ran
 CropFollow's compact NNs at 261-263 ms a frame where ONNX Runtime ran them at 3.3-3.4 ms (the README's quick run,
-docs/BENCHMARKS.md, session 37), so untuned it cannot win, and compiling it cost about 8 s a candidate. A spec that
-lists TVM in ``target.backends`` still races it untuned."""
+docs/benchmarks/readme_runs/session37-once/result.json, ``backends_measured``), so untuned it cannot win, and
+compiling it cost about 8 s a candidate. A spec that lists TVM in ``target.backends`` still races it untuned."""
 
 
 UNTUNED_REASON = ("not raced: the target tunes no kernels (target.tuning; the quick profile tunes none), and untuned "

@@ -28,7 +28,7 @@ def _openvino(**_: Any) -> OpenVinoBackend:
 # native on GPUs (x86 CPUs without AVX-512 FP16 emulate it, slower than fp32). int8 runs integer (VNNI) kernels
 # through the static QDQ graph on ONNX Runtime and OpenVINO, and on TVM, whose import qaopt rewrites into
 # integer convolutions (docs/latency.md, "TVM and int8"); those are CPU (VNNI) kernels, so on a GPU TVM declares
-# fp32 and fp16, which MetaSchedule tunes into CUDA kernels (docs/latency.md, "TVM on a GPU").
+# fp32 and fp16, which MetaSchedule tunes into CUDA kernels (docs/latency.md, "GPU targets").
 register_backend("torch", TorchBackend.factory, variants=(CHANNELS_LAST, CUDA_GRAPH), package="torch",
                  dtypes=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"))
 register_backend("torch-compile", TorchCompileBackend.factory, variants=COMPILE_MODES, package="torch",

@@ -191,13 +191,13 @@ def compare_frames_fresh(frames: Mapping[str, tuple[Mapping[str, FrameModel], Sc
     timed side by side.
 
     A ratio of frames is the product's headline, so it is taken where nothing of the run's state can reach it: a
-    run's process that had trained NNs, compiled dozens of candidates and driven closed-loop runs timed a frame of
-    two models at up to 1.7-1.9x the sum of its models (docs/BENCHMARKS.md, "The side-by-side stage in a fresh
-    process"). Most of that was one cause, found later: TVM had bound the run's main thread to one core, so its
-    measurements and the child it started ran 2-thread models on one core; the child now starts on this process's
-    cores (:data:`.measure.PROCESS_CORES`) and TVM binds nothing. The
-    process is a new interpreter started with ``subprocess``, not multiprocessing's ``spawn``, which imports the
-    caller's main module again and so fails in a user's script that calls ``qaopt.optimize`` without a main guard;
+    run's process that has trained NNs, compiled dozens of candidates and driven closed-loop runs can time a frame of
+    two models well above the sum of its models (``benchmarks/side_by_side_fresh.py`` compares the two:
+    docs/BENCHMARKS.md, "The side-by-side stage in a fresh process"). A library that binds the main thread to one
+    core (TVM does, unless told not to) puts 2-thread models and every child the process starts on that core, so
+    the child starts on this process's cores (:data:`.measure.PROCESS_CORES`) and TVM binds nothing. The process is
+    a new interpreter started with ``subprocess``, not multiprocessing's ``spawn``, which imports the caller's main
+    module again and so fails in a user's script that calls ``qaopt.optimize`` without a main guard;
     it gets the caller's import path and environment. The models travel pickled (torch modules and tensors by value,
     ONNX files by path), the figures come back as :class:`Measurement` figures of one epoch. ``imports`` are modules
     to import there first: those that register the backends named (a spec's plugins).

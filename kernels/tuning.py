@@ -65,8 +65,8 @@ def _pooled_builder(max_workers: int, timeout_s: float) -> Any:
 
     TVM's LocalBuilder starts a fresh process pool for every batch of candidates,
     and each fresh worker re-imports TVM (3 s) and its tensor intrinsics (10-50 s
-    here): that, not compiling, was most of the ~6 s per trial measured before
-    (docs/BENCHMARKS.md, "What changed in the tuner"). This builder keeps its pool, skips the intrinsics, and
+    here): that, not compiling, is most of a trial's cost with fresh workers
+    (docs/BENCHMARKS.md, "vendor backends against TVM, and tuning cost"). This builder keeps its pool, skips the intrinsics, and
     recycles the pool every ``recycle`` batches (upstream restarts it because
     long-lived workers leak slowly).
     """

@@ -188,7 +188,7 @@ def build(prepared: Prepared, database: Any = None) -> Any:
                     T.MetaScheduleApplyDatabase(), T.SplitLayoutRewritePreproc(), T.LiftTransformParams(), T.FoldConstant(),
                 ])(mod)
         # On a GPU the VM replays the model's kernels as one CUDA graph: at batch 1 the launches, not the arithmetic,
-        # set the time (docs/latency.md, "TVM on a GPU").
+        # set the time (docs/latency.md, "GPU targets").
         with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": is_cuda(prepared.target)}):
             return tvm.compile(mod, prepared.target)
     except Exception as exc:
@@ -219,17 +219,20 @@ def configure_threads(threads: int | None) -> None:
 def export_library(executable: Any, path: Path, target: Target) -> Path:
     """Write the compiled library for the target: a shared library, or for a cross target without
     ``target.cc`` a tar of its object files (link them with the board's toolchain)."""
-    if target.cc:
-        from tvm.contrib import cc
+    from .native_output import native_stderr_logged
 
-        path = path.with_suffix(".so")
-        executable.export_library(str(path), fcompile=cc.cross_compiler(target.cc))
-    elif target.mtriple:
-        path = path.with_suffix(".tar")
-        executable.export_library(str(path))
-    else:
-        path = path.with_suffix(".so")
-        executable.export_library(str(path))
+    with native_stderr_logged(f"TVM, exporting {path.name}"):  # its runtime's warnings, one per function saved
+        if target.cc:
+            from tvm.contrib import cc
+
+            path = path.with_suffix(".so")
+            executable.export_library(str(path), fcompile=cc.cross_compiler(target.cc))
+        elif target.mtriple:
+            path = path.with_suffix(".tar")
+            executable.export_library(str(path))
+        else:
+            path = path.with_suffix(".so")
+            executable.export_library(str(path))
     return path
 
 

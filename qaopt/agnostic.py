@@ -48,9 +48,11 @@ Such trials are also put together as a second baseline, **by point error**
 (``AgnosticSearch.by_point``): each unit's fastest trial whose every NN errs inside its bound by
 the point excess, measured whole as the baseline is. It is what accuracy-preserving compression
 ships when it trusts its validation estimate, as common practice does, so aware over it says how
-much of the ratio the test's resolution, not the application's headroom, made: CropFollow's
-default run of session 41 measured 3.67x over the tested baseline and 2.74x with the faster heading
-NN that 1.5x the validation frames admitted. It is reported, not validated closed-loop.
+much of the ratio the test's resolution, not the application's headroom, made: a CropFollow
+default run measured 4.88x over the tested baseline and 2.72x over the one by point error, whose
+heading NN at input 0.5 in int8 1.24x the validation frames would decide
+(docs/benchmarks/knobs_default/cropfollow-session45/result.json, ``speedups``; the by-point
+ratio's timing marked untrusted). It is reported, not validated closed-loop.
 
 Convergence (``Result.agnostic_converged``): ``best_ms_by_trial[t]`` is the fastest layout's
 sum of its units' best latencies (each measured alone) after the first ``t + 1`` trials of
@@ -210,9 +212,10 @@ def hopeless_knobs(ctx: SearchContext, unit: Unit) -> tuple[dict[str, str], list
     error, by the premise the walks rest on (what approximates more errs more), no setting of that knob could be
     within. Outside only by the bound (:attr:`~qaopt.tolerance.Judgement.unresolved`: the validation data cannot
     show it within, nor outside), the knob stays searched: fine-tuning moves a candidate's error by more than a 2 %
-    bound, either way. CropFollow's default run of session 38 built distance's mildest pruning at 0.03431 against
-    the reference's 0.03537, rejected by the bound alone, where session 32's run had found distance 15 % pruned
-    within tolerance."""
+    bound, either way. On CropFollow distance's mildest pruning (0.05, 160 steps) erred 0.03431 and was rejected by
+    the bound (docs/benchmarks/knobs_default/cropfollow-session38/result.json, ``studies["agnostic.distance"]``),
+    where distance 15 % pruned with the same steps was within tolerance at 0.03297
+    (docs/benchmarks/knobs_default/cropfollow-session32/result.json, trial 24)."""
     space = ctx.plan.knob_spaces[unit.nn]
     held: dict[str, str] = {}
     mild: list[Knobs] = []

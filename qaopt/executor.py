@@ -137,11 +137,15 @@ def _init_worker(cores: tuple[int, ...] = ()) -> None:
     With ``cores``, the worker (and every thread it starts) runs only on them. A worker
     ignores SIGINT: Ctrl-C at a terminal reaches the whole process group, and the parent
     decides (it prints one line and ends its workers, :func:`open_executor`) instead of every
-    worker printing its ``KeyboardInterrupt`` traceback.
+    worker printing its ``KeyboardInterrupt`` traceback. Its library warnings go to the command's run log
+    (:mod:`qaopt.run_log`).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ.setdefault(var, "1")
+    from qaopt.run_log import log_worker_output
+
+    log_worker_output()  # library warnings of its runs go to the command's run.log, not the console
     if cores:
         os.sched_setaffinity(0, cores)
 

@@ -27,6 +27,7 @@ from rich.console import Console
 
 import qaopt.stages  # noqa: F401 - registers the built-in stages
 from qaopt.app_spec import AppSpec
+from qaopt.app_spec.store import ensure_writable
 from qaopt.console import ConsoleView
 from qaopt.events import Events, StageTimes
 from qaopt.executor import open_executor
@@ -34,9 +35,10 @@ from qaopt.pipeline import StageRun, run_stages
 from qaopt.plan import build_plan
 from qaopt.profiles import Profile
 from qaopt.result import Result
+from qaopt.run_log import library_output_logged
 from qaopt.search import OptimizeError, open_storage
 from qaopt.spec import check_spec, load_spec
-from qaopt.spec_adapter import check_nn_shapes, with_time_limit
+from qaopt.spec_adapter import check_nn_shapes, with_time_limit, written_folders
 from qaopt.stages.report import STAGE_TIMES_FILE, ReportStage
 
 
@@ -76,15 +78,19 @@ def optimize(
     spec = check_spec(spec) if isinstance(spec, AppSpec) else load_spec(spec, check_entry_points=True)
     spec = with_time_limit(spec, time_limit)
     console = console or Console(stderr=True, log_path=False)  # where a line was logged means nothing to a user
-    # Every NN built from its entry points now, not after calibration has run for minutes.
-    check_nn_shapes(spec, progress=console.log)
-    plan = build_plan(spec, profile, out=out, storage=storage, trials=trials, region=region,
-                      calibration_budget=calibration_budget, say=console.log)
-    plan.run_dir.mkdir(parents=True, exist_ok=True)
-    storage_ = open_storage(plan.storage_url)  # fail fast on the storage before any expensive work
-    events, times = Events(), StageTimes.kept_in(plan.run_dir / STAGE_TIMES_FILE)
-    events.subscribe(ConsoleView(console, quiet=quiet))
-    events.subscribe(times)
-    with open_executor(cluster=cluster, workers=workers, spec=spec) as executor:
-        artifacts = run_stages(StageRun(plan, events, times, executor, storage_))
+    run_dir, *others = written_folders(spec, out=out, storage=storage)
+    for folder in (run_dir, *others):
+        ensure_writable(folder)  # a read-only or full folder is named now, before any work
+    with library_output_logged(run_dir):
+        # Every NN built from its entry points now, not after calibration has run for minutes.
+        check_nn_shapes(spec, progress=console.log)
+        plan = build_plan(spec, profile, out=out, storage=storage, trials=trials, region=region,
+                          calibration_budget=calibration_budget, say=console.log)
+        storage_ = open_storage(plan.storage_url)  # fail fast on the storage before any expensive work
+        events, times = Events(), StageTimes.kept_in(plan.run_dir / STAGE_TIMES_FILE)
+        events.subscribe(ConsoleView(console, quiet=quiet))
+        events.subscribe(times)
+        with open_executor(cluster=cluster, workers=workers, spec=spec) as executor:
+            artifacts = run_stages(StageRun(plan, events, times, executor, storage_))
     return artifacts[ReportStage.name]
+

@@ -5,9 +5,10 @@ bound of its confidence interval, so a candidate whose point error is inside its
 still be rejected because the validation split is too small to show it
 (:attr:`~qaopt.tolerance.Judgement.unresolved`). Then the baseline stops short of what
 accuracy-preserving compression would reach, and "aware over agnostic" overstates what the
-application's headroom buys: CropFollow's default run of session 45 chose bf16 heading at
-full input where heading at input 0.5 in int8, more accurate than its reference by its point
-error, needed 1.24x the frames to be shown so.
+application's headroom buys: a CropFollow default run chose bf16 heading at full input where
+heading at input 0.5 in int8, more accurate than its reference by its point error, needed
+1.24x the frames to be shown so (docs/benchmarks/knobs_default/cropfollow-session45/result.json,
+``agnostic_rule.unresolved.heading.data_needed``).
 
 A spec that names ``nns.<name>.data.more_validation`` (args that make its data source return
 another validation split) lets the agnostic study decide such trials: each is judged again on

@@ -15,7 +15,8 @@ fastest dtype, merged. So each study starts from informed trials:
    merged group). The estimate only orders the walk; trials measure the real figure.
 3. **Walking.** The weights of a combination (its input scales, merged or apart) decide
    its error; its precisions barely move it (CropFollow's int8 heading NN errs 1.499
-   against the reference's 1.484). So the walk bisects over weights, sorted by their
+   against the reference's 1.484: docs/benchmarks/readme_runs/session41-quick/result.json,
+   ``studies.aware``). So the walk bisects over weights, sorted by their
    estimate at the cheapest precision, for the cheapest weights inside the region, and
    judges each weights in its cheapest precision mix first, then with no precision knob
    (outside there, outside at any), then bisects between (:func:`cheapest_precision`).
@@ -24,10 +25,12 @@ fastest dtype, merged. So each study starts from informed trials:
    agnostic baseline seeds its per-unit studies itself, :mod:`qaopt.agnostic`); the
    precision mixes of one weights share its fine-tuned float NN, so each costs only its
    outputs. At most :data:`WALK_BUILDS` weights per walk; every candidate built here is
-   cached and reused by the trials. Bisecting over every combination at once skipped the
-   merged int8 NN (between two merged NNs at input 0.75 found outside) and ended on an
-   fp32 heading NN at input 0.375: 1.16x over the agnostic baseline, where the merged
-   int8 NN had given 2.52x (docs/BENCHMARKS.md, session 37). Layouts (merge groups
+   cached and reused by the trials. A bisection over every combination at once can skip
+   the merged int8 NN (between two merged NNs at input 0.75 found outside) and end on an
+   fp32 heading NN at input 0.375: 1.16x over the agnostic baseline
+   (docs/benchmarks/readme_runs/session37-profile/result.json), where a run that chose the
+   merged int8 NN gave 2.52x (docs/benchmarks/readme_runs/session36-batch8/result.json; both
+   timings marked untrusted). Layouts (merge groups
    merged, or every NN alone) are walked cheapest first, and a later walk judges only
    weights estimated faster than what an earlier one found.
 
@@ -36,9 +39,9 @@ the walks found inside the region, and a milder one to fall back on when closed-
 reject the cheapest (the region is a model of the application; validation takes the
 fastest configuration that passes, so a fallback that is already built and measured costs
 one cached trial). The fallback must run other weights than the cheapest, not only another
-precision of them: the same NN in fp32 or int8 fails the same closed-loop runs (CropFollow's
-quick runs of sessions 24, 26 and 28: the merged NN at a reduced input failed one of six
-runs in both precisions, and the run fell back to the unmerged pair). So it is the dearest
+precision of them: the same weights in fp32 or int8 err alike (1.499 against 1.484 above),
+so on CropFollow's hard seeds the merged NN at a reduced input fails the same closed-loop
+runs in both precisions, and a fallback of its other precision falls with it. So it is the dearest
 one the walks found whose knobs other than precision differ from the cheapest's, else the
 cheapest's layout and precisions with no other knob (the merged NN at full resolution),
 when that is inside the region; walks consider only what is estimated faster than the
@@ -48,8 +51,7 @@ walks built are kept with the study (:class:`~qaopt.result.InformedStart`): the 
 "How the search started". Then comes the application-agnostic choice
 (:func:`configuration_params`): it is inside the aware study's space and usually inside the
 region, so the aware study always measures it, and its front can never be slower than the
-baseline for want of proposing it (on CropFollow's default profile the study's 24 trials did
-not, and the configuration it validated was 0.83x the agnostic one). Then each precision
+baseline for want of proposing it (a study's sampled trials need not come near it). Then each precision
 alone, apart and on each merged NN (:func:`precision_trials`).
 """
 

@@ -63,8 +63,26 @@ def acceptance_of(spec: AppSpec) -> AcceptanceTest:
 
 def limits_of(spec: AppSpec) -> RunLimits:
     """How long one simulator call may take and how often a failed one is tried again (``output.time_limit_s``,
-    ``output.retries``): execution settings, so like the rest of ``output`` they key no cached result."""
-    return RunLimits(spec.output.time_limit_s, spec.output.retries)
+    ``output.retries``): execution settings, so like the rest of ``output`` they key no cached result. A time limit
+    the user set is used as given; the default one is the hard cap above a limit learnt from the run's own calls
+    (:func:`qaopt.calibrate.app_calls.hang_limit`)."""
+    given = "time_limit_s" in spec.output.model_fields_set
+    return RunLimits(spec.output.time_limit_s, spec.output.retries, learnt=not given)
+
+
+def written_folders(spec: AppSpec, *, out: str | Path | None = None, storage: str | None = None,
+                    study: bool = True) -> list[Path]:
+    """The folders a command on ``spec`` writes: its run folder (``out``, else ``output.dir``), the cache, and, for a
+    command with a ``study``, an SQLite study database's folder (``storage``, else ``search.storage``)."""
+    folders = [Path(out) if out is not None else Path(spec.output.dir), cache_dir_of(spec)]
+    url = (storage or spec.search.storage) if study else None
+    if url and url.startswith("sqlite:"):
+        from sqlalchemy.engine import make_url
+
+        database = make_url(url).database
+        if database and database != ":memory:":
+            folders.append(Path(database).parent)
+    return list(dict.fromkeys(folders))
 
 
 def with_time_limit(spec: AppSpec, seconds: float | None) -> AppSpec:

@@ -67,7 +67,8 @@ BOOTSTRAP_SEED = 0
 """The resampling's seed: a candidate's verdict is the same in every run and every worker."""
 PRACTICAL_DATA_FACTOR = 100.0
 """Past this many times the validation data, more data is no fix a user can make: a candidate whose point excess sits
-that close to its bound (session 28's ResNet-18 distance trial needed about 75,000x) is decided only by the bound
+that close to its bound (the ResNet-18 real result's unresolved distance trial needs about 75,800x:
+docs/benchmarks/real_result.json, ``agnostic_unresolved.distance.data_needed``) is decided only by the bound
 itself, and the advice says so (``UnresolvedTrial.describe``)."""
 
 

@@ -205,8 +205,9 @@ def test_the_baseline_by_point_error_admits_what_only_the_test_rejected(tmp_path
 
 
 def test_an_unresolved_trial_past_any_practical_data_is_told_to_widen_the_bound_only():
-    """Session 28's ResNet-18 distance trial sat at its bound (point excess +0.000370, allowed 0.000372): about 75,000x
-    the validation frames would decide it. "More validation sequences" is then no advice; only the bound is."""
+    """The ResNet-18 real result's distance trial sits at its bound (point excess +0.000369, allowed 0.000372): about
+    75,800x the validation frames would decide it (docs/benchmarks/real_result.json, ``agnostic_unresolved``).
+    "More validation sequences" is then no advice; only the bound is."""
     from qaopt.result import ExcessJudged, UnresolvedTrial
     from qaopt.tolerance import PRACTICAL_DATA_FACTOR
 

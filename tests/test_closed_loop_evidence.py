@@ -1,4 +1,4 @@
-"""Fidelity (issue 13): closed-loop evidence during the search, the region's measured fidelity, NaN candidates.
+"""Fidelity: closed-loop evidence during the search, the region's measured fidelity, NaN candidates.
 
 - A configuration whose in-search closed-loop check fails shrinks the region the search uses:
   a later trial at a point dominating it is infeasible, validation skips it, and a resumed run

@@ -1,4 +1,4 @@
-"""Faults, one class at a time (issue 35): each is one line and a clear exit status, stores nothing wrong, and
+"""Faults, one class at a time: each is one line and a clear exit status, stores nothing wrong, and
 the next normal run gives what a run that never had the fault gives.
 
 The faulty application (tests/apps/faulty.py) is the synthetic one with a bug or a hang switched on by
@@ -112,14 +112,65 @@ def test_a_hung_simulator_is_stopped_at_its_time_limit(faulty, tmp_path, capsys,
     assert code == 0 and _observations(out) == clean
 
 
-def test_a_hung_pool_worker_is_stopped_and_the_pool_ends_cleanly(faulty, tmp_path, capsys, monkeypatch):
-    spec, clean = faulty
+def test_a_hang_is_noticed_from_the_runs_own_block_times_without_a_time_limit(faulty, tmp_path, capsys, monkeypatch):
+    # The default hard cap is 30 minutes; the third call of a worker hangs after two calls of a fraction of a second,
+    # so the limit learnt from them (the 60 s floor) stops the run, and its pool ends with it.
+    import multiprocessing
+
+    from qaopt.calibrate.app_calls import HANG_FLOOR_S
+
     out = tmp_path / "out"
+    code, err, took = _hung_in_a_pool(faulty[0], out, capsys, monkeypatch)
+    assert HANG_FLOOR_S <= took < 300, took
+    assert code == 2 and len(err) == 1, err
+    assert re.search(r"error: application error: FaultyApp\.evaluate ran past its time limit of 60 s \(10x the median "
+                     r"[0-9.e-]+ s per seed of this run's earlier evaluate calls, at least 60 s; output\.time_limit_s "
+                     r"or --time-limit sets it\) on seeds ", err[0]), err
+    assert not (out / "region.json").exists()
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not multiprocessing.active_children()  # no worker left behind
+
+
+def test_a_time_limit_the_user_sets_is_used_as_given():
+    from qaopt.calibrate.app_calls import RunLimits, hang_limit
+    from qaopt.spec import load_spec
+    from qaopt.spec_adapter import limits_of, with_time_limit
+
+    class App:
+        pass
+
+    learnt, given = RunLimits(), RunLimits(time_limit_s=900.0, learnt=False)
+    assert hang_limit(App(), "evaluate", 4, learnt).seconds == learnt.time_limit_s  # nothing timed yet: the hard cap
+    from qaopt.calibrate import app_calls
+
+    app_calls._CALL_TIMES.add(app_calls._kind(App(), "evaluate"), 2.0)
+    try:
+        assert hang_limit(App(), "evaluate", 4, learnt).seconds == 80.0  # 10 x 2 s x 4 seeds
+        assert hang_limit(App(), "evaluate", 1, learnt).seconds == 60.0  # the floor
+        assert hang_limit(App(), "evaluate", 4, given).seconds == 900.0
+        assert hang_limit(App(), "evaluate", 4000, learnt).seconds == learnt.time_limit_s  # never past the hard cap
+    finally:
+        app_calls.forget_call_times()
+    spec = load_spec(APPS / "tiny.yaml")
+    assert limits_of(spec).learnt and not limits_of(with_time_limit(spec, 120)).learnt
+
+
+def _hung_in_a_pool(spec: Path, out: Path, capsys, monkeypatch, *options: str) -> tuple[int, list[str], float]:
+    """``qaopt calibrate`` of the faulty spec on a pool of 2 whose workers hang on their third call."""
     monkeypatch.setenv(FAULT, "hang")
     monkeypatch.setenv("QAOPT_WORKERS", "2")
     start = time.monotonic()
-    code, err, _ = run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet", "--time-limit", "2")
-    assert time.monotonic() - start < 60  # the pool was not waited for past the limit
+    code, err, _ = run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet", *options)
+    return code, err, time.monotonic() - start
+
+
+def test_a_hung_pool_worker_is_stopped_and_the_pool_ends_cleanly(faulty, tmp_path, capsys, monkeypatch):
+    spec, clean = faulty
+    out = tmp_path / "out"
+    code, err, took = _hung_in_a_pool(spec, out, capsys, monkeypatch, "--time-limit", "2")
+    assert took < 60  # the pool was not waited for past the limit
     assert code == 2, err
     assert [line for line in err if line.startswith("error:")] == err and len(err) == 1, err
     assert "ran past its time limit of 2 s" in err[0] and not (out / "region.json").exists()
@@ -288,10 +339,48 @@ def test_a_read_only_or_locked_output_folder_is_one_line_naming_it(faulty, tmp_p
     assert "(--out or output.dir for the run folder" in err[0] and not (out / "region.json").exists()
     kept = _stored(cache)
 
+    assert kept == {}  # the folder was checked before any run
+
     monkeypatch.setattr(store.tempfile, "mkstemp", real)
     code_, _, _ = run_qaopt(capsys, "calibrate", str(spec), "--out", str(out), "--quiet")
     assert code_ == 0 and _observations(out) == clean
-    assert _stored(cache) == kept  # every run was complete: nothing ran again
+
+
+@pytest.mark.parametrize("folder", ["run folder", "cache"])
+def test_a_read_only_existing_folder_is_named_before_any_work(tmp_path, capsys, monkeypatch, folder):
+    # As a user's existing runs/ folder turned read-only: without the check up front, SQLite said only
+    # "unable to open database file" for its study.db.
+    from specs import tiny_spec
+
+    from qaopt.app_spec import store
+
+    out, cache = tmp_path / "runs", tmp_path / "cache"
+    out.mkdir()
+    cache.mkdir()
+    monkeypatch.setenv("QAOPT_CACHE_DIR", str(cache))
+    read_only = out if folder == "run folder" else cache
+    if os.geteuid() != 0:  # root writes through a mode; a read-only mount is not to be had in a test
+        read_only.chmod(0o555)
+    else:
+        real = store.tempfile.mkstemp
+
+        def mkstemp(*args, dir, **kwargs):
+            if Path(dir) == read_only:
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+            return real(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(store.tempfile, "mkstemp", mkstemp)
+    try:
+        code, err, _ = run_qaopt(capsys, "optimize", str(tiny_spec(tmp_path)), "--out", str(out), "--quiet",
+                                 "--profile", "quick")
+    finally:
+        read_only.chmod(0o755)
+    assert code == 2 and len(err) == 1, err
+    says = ("it is on a read-only file system: give a writable folder" if os.geteuid() == 0
+            else "no permission to write there: make it writable (chmod, chown)")
+    assert err[0].startswith(f"error: cannot write in {read_only}: {says}"), err
+    assert "--out or output.dir for the run folder, output.cache_dir or $QAOPT_CACHE_DIR for the cache" in err[0]
+    assert not list(out.iterdir()) and not list(cache.iterdir())  # nothing was computed
 
 
 def test_torchs_write_failure_on_a_full_disk_is_the_same_one_line(tmp_path):
@@ -428,7 +517,7 @@ def test_a_failing_nn_entry_point_stops_optimize_before_any_run(tmp_path, capsys
         ": nns.b.model: brokennn:tiny_net raised FileNotFoundError: checkpoints/a.pt; fix that entry point (`qaopt "
         "validate SPEC` runs it)"), err
     assert "brokennn:tiny_net" in line_of(path, err[0])
-    assert not list((tmp_path / "runs").rglob("*.json")) and not (tmp_path / "cache").exists()  # nothing stored
+    assert not list((tmp_path / "runs").rglob("*.json")) and not list((tmp_path / "cache").rglob("*"))  # nothing stored
 
 
 def test_a_second_validation_split_the_data_source_refuses_stops_optimize_at_its_line(tmp_path, capsys, monkeypatch):

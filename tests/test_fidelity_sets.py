@@ -1,4 +1,4 @@
-"""The fidelity benchmark's sets per application (issue 33): LaneKeep's configurations beside CropFollow's, and a
+"""The fidelity benchmark's sets per application: LaneKeep's configurations beside CropFollow's, and a
 set recorded before the scripts knew other applications scored as it was."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_each_configuration_names_a_built_variant_of_every_nn(example):
     assert sum(all(not tables[nn][v] for nn, v in c.items()) for c in configurations) == 1
     for nn in spec.nns:
         assert any(tables[nn][c[nn]] and all(not tables[o][c[o]] for o in c if o != nn) for c in configurations)
-    if example == "lanekeep":  # issue 33: at least 12 configurations of its three NNs, the detector included
+    if example == "lanekeep":  # at least 12 configurations of its three NNs, the detector included
         assert len(configurations) >= 12 and spec.nns["stop"].error_metric.kind == "miss_rate"
 
 

@@ -1,4 +1,4 @@
-"""Issue 17, "the field store can be poisoned for good": every value is checked before it is
+"""The field store cannot be poisoned for good: every value is checked before it is
 written, a reader never fails because of one bad row, and a bad run can be set aside.
 
 Each case is hit as a user hits it: the ``Run`` API on the robot, or ``qaopt field ...``
@@ -38,7 +38,7 @@ def _good_run(db, run_id="good") -> None:
 
 
 def _poison(db, run_id="bad") -> None:
-    """Rows as a qaopt before issue 17 wrote them: an end at -5 m with status 'bogus', and an
+    """Rows no checked writer stores: an end at -5 m with status 'bogus', and an
     event whose data holds NaN (the JSON text `NaN`). Written with sqlite3, not qaopt."""
     con = sqlite3.connect(db)
     cols = [r[1] for r in con.execute("PRAGMA table_info(field_runs)")]
@@ -56,7 +56,7 @@ def _poison(db, run_id="bad") -> None:
 
 @pytest.fixture
 def poisoned(tmp_path):
-    """A store with a good run and a run poisoned as before issue 17 ("bad")."""
+    """A store with a good run and a poisoned run ("bad")."""
     db = tmp_path / "f.db"
     _good_run(db)
     _poison(db)

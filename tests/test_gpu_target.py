@@ -146,7 +146,8 @@ REBUILD = textwrap.dedent("""
 def test_a_candidate_fine_tuned_on_the_gpu_is_rebuilt_into_the_same_bytes(tmp_path):
     """Two processes, two empty caches: a pruned NN (batch norm, dropout, adaptive pooling) fine-tuned on the GPU
     comes out bit for bit the same, so a run resumed elsewhere keeps its measurements and closed-loop verdicts (a
-    resumed ResNet-18 run rebuilt its ladders bit for bit on another H200 host: docs/BENCHMARKS.md, sessions 22-23)."""
+    resumed ResNet-18 run rebuilt its ladders bit for bit on another H200 host:
+    docs/benchmarks/gpu_device/resnet18-sessions22-23/optimize.log)."""
     hashes = [subprocess.run([sys.executable, "-c", REBUILD, str(tmp_path / f"cache{i}"), str(Path(__file__).parent)],
                              capture_output=True, text=True, check=True, timeout=600).stdout.split()[-1]
               for i in range(2)]
@@ -181,9 +182,9 @@ REBUILD_MERGED = textwrap.dedent("""
 
 def test_a_merged_nn_is_rebuilt_into_the_same_bytes_whatever_the_process_ran_before(tmp_path):
     """A merged NN distils from its members' outputs on the lead's frames. Computed outside deterministic kernels,
-    they followed whatever cuDNN settings the process had, and a resumed run rebuilt every merged candidate into
-    other bytes (docs/BENCHMARKS.md, sessions 22-23); without the fix this test saw two hashes. A quiet process and
-    one that autotuned and compiled first must build the same."""
+    they follow whatever cuDNN settings the process has, and a resumed run rebuilds every merged candidate into
+    other bytes (``rebuilt`` in docs/benchmarks/gpu_device/resnet18-sessions22-23/result.json); computed so, this
+    test sees two hashes. A quiet process and one that autotuned and compiled first must build the same."""
     hashes = [subprocess.run([sys.executable, "-c", REBUILD_MERGED, str(tmp_path / state), str(Path(__file__).parent),
                               state], capture_output=True, text=True, check=True, timeout=600).stdout.split()[-1]
               for state in ("quiet", "after-timing")]

@@ -217,8 +217,8 @@ class _Staged:
 
 
 def test_a_frame_times_what_its_models_own_figures_time(monkeypatch, tmp_path):
-    """Side by side, a frame chains its models' inferences, not their full runs: on a GPU the runs' host copies made
-    every frame about twice its models' figures (docs/BENCHMARKS.md, "GPU target", session 17)."""
+    """Side by side, a frame chains its models' inferences, not their full runs: a full run adds its host copies,
+    which on a GPU can cost as much as the inference itself."""
     monkeypatch.setenv("QAOPT_LOCK_DIR", str(tmp_path))
     frames = {s: ({"a": _Staged(0.002, 0.02), "b": _Staged(0.002, 0.02)}, s) for s in kernels.SCHEDULES}
     out = kernels.compare_frames(frames, Target(threads=2), rounds=1, protocol=QUICK)

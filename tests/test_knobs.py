@@ -357,8 +357,8 @@ def test_informed_trials_walk_the_cheaper_layout_first_and_keep_a_milder_fallbac
 
 
 def test_the_fallback_runs_other_weights_than_the_cheapest_not_another_precision_of_them():
-    """CropFollow's quick runs (sessions 24, 26, 28): the walks found the merged NN at a reduced input in two
-    precisions, and both failed the same closed-loop run. A fallback of the same weights is no fallback: the dearest
+    """On CropFollow's hard seeds the merged NN at a reduced input fails the same closed-loop run in fp32 and in int8:
+    one weights errs alike in every precision. A fallback of the same weights is no fallback: the dearest
     find with other weights is, else the cheapest's layout with no knob but precisions (the merged NN at full
     resolution)."""
     # Weights: an input scale; judged, each weights becomes (scale, its cheapest precision inside).

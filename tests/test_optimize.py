@@ -261,7 +261,7 @@ def test_rerun_resumes_without_repeating_work(tiny_run, monkeypatch):
 
 def test_a_dtype_no_backend_of_the_target_runs_is_left_out_not_a_failed_trial(tiny_run, monkeypatch):
     """As int8 on a CUDA target, whose auto backends (torch, torch-compile) run none: the CPU's auto list is cut to
-    torch here. Before the search left it out, such trials died as Optuna 'Trial failed' tracebacks (issue #32)."""
+    torch here. Left in, such trials would die as Optuna 'Trial failed' tracebacks."""
     from qaopt.kernels import BackendRef, auto
 
     spec, first = tiny_run
@@ -286,8 +286,8 @@ def test_a_dtype_no_backend_of_the_target_runs_is_left_out_not_a_failed_trial(ti
 def test_trials_timed_on_a_search_backend_are_compared_and_exported_on_the_targets_own(tiny_run, monkeypatch):
     """target.search_backend: the trials time every candidate on a backend that is quick to build; the reference and
     the chosen configurations are then compiled on target.backend (auto: every backend, the fastest kept), so both
-    sides of the ratio, and the exported NNs, run on their own best backend (issue #32: a GPU's Inductor costs
-    20-30 s a candidate)."""
+    sides of the ratio, and the exported NNs, run on their own best backend (a GPU's Inductor costs 20-30 s a
+    candidate)."""
     from qaopt.kernels import BackendRef, auto
 
     spec, first = tiny_run
@@ -464,8 +464,8 @@ open_storage(sys.argv[1]).engine.dispose()
 @pytest.mark.skipif(not os.environ.get("QAOPT_TEST_POSTGRES_URL"), reason="QAOPT_TEST_POSTGRES_URL is not set")
 def test_workers_starting_together_on_a_new_postgres_database_all_open_it():
     """The race itself, as `qaopt optimize --storage` workers meet it: six processes open a database that has no
-    tables yet at the same moment, on four new databases (before the fix about one round in four lost a worker to
-    duplicate_table; the test above decides the logic deterministically)."""
+    tables yet at the same moment, on four new databases (without the retry on duplicate_table, about one round in
+    four loses a worker to it; the test above decides the logic deterministically)."""
     import sqlalchemy
 
     url = sqlalchemy.engine.make_url(os.environ["QAOPT_TEST_POSTGRES_URL"])
@@ -693,7 +693,7 @@ def test_a_configuration_a_failure_put_outside_is_validated_once_the_region_hold
                                                                                             tmp_path):
     """The region is refitted after each validation and need not be monotone in the runs (a certifier is a
     plugin): trial 2, outside it after trial 1 failed once, is back inside after trial 3 failed, and is validated
-    then (it used to be passed for good, and the run ended on the reference)."""
+    then (passed for good, it would leave the run to end on the reference)."""
     import dataclasses
     from types import SimpleNamespace
 

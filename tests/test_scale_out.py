@@ -1,4 +1,4 @@
-"""Scale out (issue #18): seed blocks on a process pool or a Dask cluster give the serial result.
+"""Scale out: seed blocks on a process pool or a Dask cluster give the serial result.
 
 The Dask tests start a real cluster: a scheduler and a nanny with two worker processes,
 each its own process, as a user would on several machines.

@@ -1,4 +1,4 @@
-"""The NNs a run validates are the ones its search measured: candidates carry a hash of their bytes (issue 31).
+"""The NNs a run validates are the ones its search measured: candidates carry a hash of their bytes.
 
 A run resumed on another machine, or with a fresh cache folder, rebuilds its candidates; GPU
 fine-tuning is not bitwise reproducible, so a rebuild may be other NNs under the same knobs.

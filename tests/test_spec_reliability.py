@@ -1,4 +1,4 @@
-"""Specs that used to pass ``qaopt validate`` and then broke or hung later (issue 17), hit as a user would.
+"""Specs with one thing wrong must fail ``qaopt validate`` at once, not break or hang later, hit as a user would.
 
 Each case runs the command a user runs (``qaopt validate``, ``qaopt calibrate``) on a
 copy of the tiny test application's spec with one thing wrong, and checks the one

@@ -49,7 +49,7 @@ def test_an_nn_that_fails_only_in_a_rare_state_is_certified_without_strata_and_l
     crashes = sum(r["crashes"] for r in app.evaluate_perception({"v": fragile.predict}, seeds))
     assert crashes >= 8 and sum(r["crashes"] for r in app.evaluate_perception({"v": stressed.reference["v"].predict},
                                                                                seeds)) == 0
-    # On the nominal error data it errs little, so the old coordinates certify it: a false valid.
+    # On the nominal error data it errs little, so the nominal coordinates alone certify it: a false valid.
     assert region.contains(nominal.errors_of({"v": fragile}))
     # With the glare stratum its coordinate is the reference's error times its degradation under glare: outside.
     assert not region.contains(stressed.errors_of({"v": fragile}))

@@ -21,6 +21,8 @@ the fp32 model (cached apart, so that every dtype of a pruned NN shares it), the
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,11 +86,19 @@ def grid(distribution: Any) -> list[Any]:
 
 
 def span(lo: float, hi: float, step: float | None = None) -> Any:
-    """The Optuna distribution over ``[lo, hi]`` (integers for integer bounds), or ``lo`` itself when the range is one point."""
+    """The Optuna distribution over ``[lo, hi]`` (integers for integer bounds), or ``lo`` itself when the range is one point.
+
+    A ``step`` that does not divide the range (a profile's cap cuts a spec's range: fine-tuning steps [50, 160] in
+    quarters of 27) is made the nearest finer one that does, so both ends stay on the grid; Optuna would otherwise
+    move ``hi`` and print a warning on every study it opens.
+    """
     if hi <= lo:
         return lo
     if isinstance(lo, int) and isinstance(hi, int):
-        return IntDistribution(lo, hi, step=step or 1)
+        width, want = hi - lo, max(1, int(step or 1))
+        return IntDistribution(lo, hi, step=max(d for d in range(1, want + 1) if width % d == 0))
+    if step is not None:
+        step = (hi - lo) / math.ceil((hi - lo) / step - 1e-9)
     return FloatDistribution(lo, hi, step=step)
 
 

@@ -54,7 +54,9 @@ def calibrate(
     from qaopt.field.evidence import spec_evidence
     from qaopt.region_calibration import build_calibration, calibrate_spec, plot_spec_region
     from qaopt.console import stage_progress
-    from qaopt.spec_adapter import with_time_limit
+    from qaopt.app_spec.store import ensure_writable
+    from qaopt.run_log import library_output_logged
+    from qaopt.spec_adapter import with_time_limit, written_folders
 
     plot_axes, plot_at = _axis_names(axes), _levels(at or [])
     if plot:
@@ -65,35 +67,39 @@ def calibrate(
         Console().print(f"wrote {path}")
         return
     app_spec = with_time_limit(load_spec(spec, check_entry_points=True), time_limit)
-    console = Console()
-    cal = build_calibration(app_spec)
-    field = spec_evidence(app_spec)  # runs logged in evaluator.field.store, if the spec names one
-    total = app_spec.calibration.budget if budget is None else budget
-    with open_executor(cluster=cluster, workers=workers, spec=app_spec) as executor, \
-            stage_progress("calibrating", console, disable=quiet) as bar:
-        cal.use(executor)
-        if executor is not None:
-            console.print(f"simulator runs on {getattr(executor, 'where', type(executor).__name__)}")
-        task = bar.add_task("", total=max(total, 1))
+    run_dir, cache = written_folders(app_spec, out=out, study=False)
+    for folder in (run_dir, cache):
+        ensure_writable(folder)  # a read-only or full folder is named now, before any run
+    with library_output_logged(run_dir):
+        console = Console()
+        cal = build_calibration(app_spec)
+        field = spec_evidence(app_spec)  # runs logged in evaluator.field.store, if the spec names one
+        total = app_spec.calibration.budget if budget is None else budget
+        with open_executor(cluster=cluster, workers=workers, spec=app_spec) as executor, \
+                stage_progress("calibrating", console, disable=quiet) as bar:
+            cal.use(executor)
+            if executor is not None:
+                console.print(f"simulator runs on {getattr(executor, 'where', type(executor).__name__)}")
+            task = bar.add_task("", total=max(total, 1))
 
-        def show(step) -> None:  # a qaopt.calibrate.Progress
-            point = point_text(step.errors)
-            if step.observation is None:
-                bar.update(task, description=f"{point}: {step.trials} runs")
-                return
-            ob = step.observation
-            bar.update(task, completed=step.evaluation, description=f"{point}: {ob.verdict.value}")
-            mark = {Verdict.VALID: "[green]valid", Verdict.INVALID: "[red]invalid",
-                    Verdict.UNDECIDED: "[yellow]undecided"}[ob.verdict]
-            if cal.certifier == "pooled" and step.evaluation > 1:
-                # the pooled model judges the region from all runs: a point's own verdict would mislead
-                console.print(f"{step.evaluation:>3}. {point}: {ob.failures} of {ob.trials} runs failed")
-                return
-            console.print(f"{step.evaluation:>3}. {point}: {mark}[/] after {ob.trials} runs, "
-                          f"{ob.failures} failed")
+            def show(step) -> None:  # a qaopt.calibrate.Progress
+                point = point_text(step.errors)
+                if step.observation is None:
+                    bar.update(task, description=f"{point}: {step.trials} runs")
+                    return
+                ob = step.observation
+                bar.update(task, completed=step.evaluation, description=f"{point}: {ob.verdict.value}")
+                mark = {Verdict.VALID: "[green]valid", Verdict.INVALID: "[red]invalid",
+                        Verdict.UNDECIDED: "[yellow]undecided"}[ob.verdict]
+                if cal.certifier == "pooled" and step.evaluation > 1:
+                    # the pooled model judges the region from all runs: a point's own verdict would mislead
+                    console.print(f"{step.evaluation:>3}. {point}: {ob.failures} of {ob.trials} runs failed")
+                    return
+                console.print(f"{step.evaluation:>3}. {point}: {mark}[/] after {ob.trials} runs, "
+                              f"{ob.failures} failed")
 
-        region, folder = calibrate_spec(app_spec, strategy, budget, out, evidence=field.evidence, progress=show,
-                                        calibration=cal, plot_axes=plot_axes, plot_at=plot_at)
+            region, folder = calibrate_spec(app_spec, strategy, budget, out, evidence=field.evidence, progress=show,
+                                            calibration=cal, plot_axes=plot_axes, plot_at=plot_at)
     labelled = region.labelled()
     if field.evidence:
         console.print(f"field evidence: {len(field.evidence)} point(s) from {sum(map(len, field.runs.values()))} run(s)")

@@ -16,7 +16,7 @@ small computer without torch or TVM, so heavy modules are imported where used.
 from qaopt.app_spec import dtype_runners
 from qaopt.app_spec.lazy import lazy_exports
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = ["check_application", "load_artifacts", "optimize"]
 
 

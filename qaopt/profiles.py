@@ -38,9 +38,8 @@ PROFILES: dict[str, Profile] = {
     # merged NN on a frozen backbone, once per cache): few trials,
     # fine-tuning capped at 160 steps, untuned kernels (so no TVM), and a short closed-loop check of the winner.
     # The cap is what lets a scaled NN keep its accuracy:
-    # CropFollow's merged NN at input scale 0.5, int8, erred distance L1 0.051 after 40 distillation steps (an
-    # earlier quick run) and 0.043 after 160 (the knobs table), the reference 0.035 and the region's reach 0.047
-    # (docs/BENCHMARKS.md, "Knobs"). No closed-loop checks during the search: a CropFollow check costs minutes, and six
+    # CropFollow's merged NN at input scale 0.5, int8, erred distance L1 0.043 after 160 distillation steps (the
+    # knobs table), against the reference's 0.035 and the region's reach of 0.047 (docs/BENCHMARKS.md, "Knobs"). No closed-loop checks during the search: a CropFollow check costs minutes, and six
     # trials leave no later trial for one to correct (the front's validation runs the same seeds
     # right after). Three front configurations may be validated: the informed cheapest, its milder
     # fallback, and then the fastest plain precision, so a run whose informed trials both fail

@@ -1,0 +1,61 @@
+"""A user's console carries qaopt's lines only: library warnings go to the run folder's run.log (docs/faults.md).
+
+Run as a user runs it, in a process of its own, so that what native code writes to file
+descriptor 2 (TVM's runtime, exporting a library) is seen too, not only Python's streams.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specs import tiny_spec
+
+APPS = Path(__file__).resolve().parent / "apps"
+
+LIBRARY_LINE = re.compile(r"Warning\b|warnings\.warn|\[W:onnxruntime|/project/src/|^\s*warn\(|Traceback")
+"""What a library's warning looks like: Python's ``UserWarning: ...`` (``FutureWarning``, ``ExperimentalWarning``),
+its ``warnings.warn(`` source line, ONNX Runtime's ``[W:onnxruntime:...]``, TVM's ``/project/src/...: Warning:``.
+qaopt's own recovered faults print ``warning: ...`` in lower case."""
+
+
+def _qaopt(*argv: str, cwd: Path) -> tuple[list[str], list[str]]:
+    """The lines ``qaopt argv`` printed to stdout and to stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", "from qaopt.cli import main; main()", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines(), done.stderr.splitlines()
+
+
+def test_the_library_line_pattern_catches_what_libraries_print():
+    caught = ["/x/optuna/distributions.py:700: UserWarning: The distribution is specified by [50, 160] and step=27",
+              "[03:01:02] /project/src/runtime/vm/executable.cc:276: Warning: Scope Saving:",
+              "2026-12-08 [W:onnxruntime:, graph.cc:1234 Init] Initializer appears in graph inputs",
+              "  warnings.warn(message, FutureWarning)"]
+    kept = ["warning: a worker of the local pool of 2 worker(s) was lost (killed, or out of memory); its runs are "
+            "run again", "Not accepted: trial 2, the fastest configuration no closed-loop run refuted, ..."]
+    assert all(LIBRARY_LINE.search(line) for line in caught)
+    assert not any(LIBRARY_LINE.search(line) for line in kept)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("tvm") is None, reason="TVM is not installed")
+def test_a_run_its_resume_and_a_tvm_export_print_only_qaopts_lines(tmp_path):
+    def on_tvm(data):
+        data["target"]["backend"] = "tvm"  # its export wrote 4 runtime warnings per NN library to the console
+        data["target"]["search_backend"] = "torch"  # trials timed on a backend quick to build; the choice on TVM
+
+    spec = tiny_spec(tmp_path, on_tvm)
+    argv = ("optimize", str(spec), "--profile", "quick", "--trials", "2", "--workers", "2")
+    first = _qaopt(*argv, cwd=tmp_path)
+    resumed = _qaopt(*argv, cwd=tmp_path)
+    for name, (out, err) in (("first run", first), ("resumed run", resumed)):
+        assert out and out[-1].startswith(("Accepted:", "Not accepted:")), (name, out[-3:])
+        assert not [line for line in out + err if LIBRARY_LINE.search(line)], name
+    log = (tmp_path / "runs" / "run.log").read_text()
+    assert "qaopt.native: TVM, exporting" in log and "Scope Saving" in log  # kept for whoever debugs the run

@@ -187,7 +187,34 @@ def check_application(
                 f"{name}.evaluate_perception called NN {nn!r} with a {type(seen[0]).__name__}; an NN takes a "
                 "batch of inputs, an array of shape (batch, ...)"
             )
+        if spec is not None and nn in spec.nns:
+            problem = input_problem(tuple(seen[0].shape), tuple(spec.nns[nn].input_shape), nn)
+            if problem:
+                raise ApplicationError(f"{name}.evaluate_perception {problem}")
     return older_signatures(app, protocol)
+
+
+def input_problem(given: tuple[int, ...], declared: tuple[int, ...], nn: str) -> str | None:
+    """What is wrong with a batch of shape ``given`` handed to NN ``nn`` whose spec declares ``declared`` (batch
+    first), with the fix; ``None`` when it fits.
+
+    A camera hands height x width x channels; torch's convolutions read channels first. An application that passes
+    its frames as they come runs until the NN's first convolution, in ``qaopt optimize`` after calibration has
+    spent minutes, and fails there with torch's own words about channels.
+    """
+    want = tuple(declared[1:])
+    have = tuple(given[1:])
+    if have == want:
+        return None
+    expected = f"(batch, {', '.join(map(str, want))})"
+    where = f"nns.{nn}.input_shape is {list(declared)}"
+    if len(have) == len(want) == 3 and have == (want[1], want[2], want[0]):
+        return (f"hands NN {nn!r} a batch of shape {given}, channels last, but {where}: channels first; hand it "
+                f"{expected}, e.g. frames.transpose(0, 3, 1, 2) (numpy) or frames.permute(0, 3, 1, 2) (torch)")
+    if len(have) == len(want) - 1 and have == want[1:] and want[0] == 1:
+        return (f"hands NN {nn!r} a batch of shape {given} without its channel axis, but {where}; hand it {expected}, "
+                "e.g. frames[:, None]")
+    return f"hands NN {nn!r} a batch of shape {given}, but {where}: hand it {expected} or correct input_shape"
 
 
 def older_signatures(app: object, protocol: type = Application) -> list[str]:

@@ -148,3 +148,32 @@ def test_validate_exits_2_naming_a_simulator_that_breaks_the_protocol(tmp_path, 
     with pytest.raises(SystemExit) as info:
         main(["validate", "--no-application", str(spec)])
     assert info.value.code == 0
+
+
+class ChannelsLast(TinyEvaluator):
+    """Hands its NNs the frames as a camera gives them, height x width x channels."""
+
+    def evaluate_perception(self, nns, seeds, render_threads=1):
+        return super().evaluate_perception({n: (lambda x, f=f: f(np.moveaxis(x, 1, -1))) for n, f in nns.items()},
+                                           seeds, render_threads)
+
+
+class Flattened(TinyEvaluator):
+    def evaluate_perception(self, nns, seeds, render_threads=1):
+        return super().evaluate_perception({n: (lambda x, f=f: f(x.reshape(len(x), -1))) for n, f in nns.items()},
+                                           seeds, render_threads)
+
+
+def test_what_the_application_hands_its_nns_is_checked_against_their_input_shape(tiny_spec):
+    # A third-party CarRacing application passed HxWxC frames; validate passed and optimize failed minutes in, in
+    # torch's words ("expected input[8, 96, 96, 3] to have 3 channels, but got 96 channels").
+    with pytest.raises(ApplicationError) as info:
+        qaopt.check_application(ChannelsLast(), tiny_spec)
+    message = str(info.value)
+    assert message.startswith("ChannelsLast.evaluate_perception hands NN 'a' a batch of shape (")
+    assert ", 8, 8, 1), channels last, but nns.a.input_shape is [1, 1, 8, 8]: channels first; hand it (batch, 1, 8, " \
+           "8), e.g. frames.transpose(0, 3, 1, 2) (numpy) or frames.permute(0, 3, 1, 2) (torch)" in message
+    with pytest.raises(ApplicationError, match=r"hands NN 'a' a batch of shape \(\d+, 64\), but nns\.a\.input_shape "
+                                               r"is \[1, 1, 8, 8\]: hand it \(batch, 1, 8, 8\) or correct input_shape"):
+        qaopt.check_application(Flattened(), tiny_spec)
+    qaopt.check_application(ChannelsLast())  # without a spec there is no shape to hold it to

@@ -283,41 +283,48 @@ def _frame_call(compiled: Sequence[Any], schedule: Schedule, share: int | None) 
         yield frame
 
 
-QUICK_BACKENDS = ("onnxruntime", "openvino")
-"""Backends of a quick untuned figure: each compiles in about a second and runs every graph it can open on its own
-kernels, where torch eager was many times slower on an AVX2-only CPU (docs/BENCHMARKS.md, "Knobs"): an untuned figure
-on it ranks configurations by torch's overhead, not by their work. Every one of them that runs the model and that the
-target races is timed and the fastest kept, as a trial's measurement keeps its fastest backend: from ONNX Runtime
-alone an int8 NN is priced at ONNX Runtime's QDQ kernels (CropFollow's compact NN: 1.8-2.0 ms, against 1.2-1.3 ms on
-OpenVINO, which its trials then chose), and the README's first command's informed walk began from a merged fp32 NN;
-with both timed it began from the same NN in int8 (docs/BENCHMARKS.md, "The README's first command again")."""
+QUICK_BACKENDS = ("onnxruntime", "openvino", "torch[cuda_graph]")
+"""Backends of a quick untuned figure: each builds in seconds and runs the whole graph on its own kernels, where torch
+eager was many times slower on an AVX2-only CPU (docs/BENCHMARKS.md, "Knobs"), and on a GPU at batch 1 waits on the
+host's launches: an untuned figure on eager ranks configurations by torch's overhead, not by their work. Every one of
+them that runs the model and that the target races is timed and the fastest kept, as a trial's measurement keeps its
+fastest backend: from ONNX Runtime alone an int8 NN is priced at ONNX Runtime's QDQ kernels (CropFollow's compact NN:
+1.8-2.0 ms, against 1.2-1.3 ms on OpenVINO, which its trials then chose). A variant counts as its own backend: a
+scaled or merged NN probed on eager while the reference was timed replayed as a CUDA graph measured 8-14x slower than
+the reference on an H100, and the GPU search then proposed neither knob."""
 
 
 def untuned_backends(workload: Workload, target: Target) -> tuple[BackendRef, ...]:
     """The backends an untuned figure of the model times: those of :data:`QUICK_BACKENDS` that run its dtype, that the
-    target races (``auto``: its ``backends``, else the device's; else its one backend) and that can serve it; else the
-    first backend that runs the dtype and can serve the target (ONNX Runtime first, then torch, ...)."""
+    target races (``auto``: its ``backends``, else the device's; else its one backend, variant included) and that can
+    serve it; else the target's own backend where it runs the model; else the first backend that runs the dtype and
+    can serve the target (ONNX Runtime first, then torch, ...)."""
     names = workload.runnable_on or (("onnxruntime",) if is_onnx(workload.model) else ("torch",))
-    allowed = {r.name for r in raced(target)} if target.backend == "auto" else {BackendRef.parse(target.backend).name}
+    auto = target.backend == "auto"
+    allowed = set(raced(target)) if auto else {BackendRef.parse(target.backend)}
     reasons: dict[str, str] = {}
 
-    def serves(name: str) -> bool:
+    def serves(ref: BackendRef) -> bool:
         try:
-            reason = get_backend(name).unavailable_reason(target)
+            reason = get_backend(ref).unavailable_reason(target)
         except KernelsError as exc:
             reason = str(exc)
         if reason is not None:
-            reasons[name] = reason
+            reasons[str(ref)] = reason
         return reason is None
 
-    quick = tuple(BackendRef.parse(n) for n in QUICK_BACKENDS if n in names and n in allowed and serves(n))
+    candidates = [BackendRef.parse(n) for n in QUICK_BACKENDS]
+    quick = tuple(r for r in candidates if r.name in names and r in allowed and serves(r))
     if quick:
         return quick
-    first = next((n for n in (*QUICK_BACKENDS, *names) if n in names and serves(n)), None)
+    own = None if auto else BackendRef.parse(target.backend)
+    if own is not None and own.name in names and serves(own):
+        return (own,)
+    first = next((r for r in (*candidates, *map(BackendRef.parse, names)) if r.name in names and serves(r)), None)
     if first is None:
         raise KernelsError(f"target.backend: no backend that runs this model can serve device '{target.device}': "
                            + "; ".join(f"{n}: {r}" for n, r in reasons.items()))
-    return (BackendRef.parse(first),)
+    return (first,)
 
 
 def measure_untuned(workloads: Mapping[str, Workload], target: Target, *, cache_dir: str | Path | None = None,

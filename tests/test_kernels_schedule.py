@@ -224,3 +224,20 @@ def test_a_frame_times_what_its_models_own_figures_time(monkeypatch, tmp_path):
     out = kernels.compare_frames(frames, Target(threads=2), rounds=1, protocol=QUICK)
     assert 3.5 < out["sequential"].median_ms < 15
     assert 1.5 < out["parallel"].median_ms < 15
+
+
+def test_an_untuned_figure_on_a_gpu_replays_the_graph_the_trial_runs(workloads, monkeypatch):
+    """A GPU search timed its reference replayed as a CUDA graph (0.18 ms on an H100) and its scaled and merged probes
+    on eager torch (1.4-2.6 ms): the knobs looked 8-14x slower than the reference and were never proposed. The quick
+    figure is taken on the variant the target names, and ``auto`` on a GPU takes the graph replay (no CUDA here: the
+    backends are made to serve it)."""
+    from qaopt.kernels.torch_backends import TorchBackend
+
+    monkeypatch.setattr(TorchBackend, "unavailable_reason", lambda self, target: None)
+    plain = Workload(workloads["a"].model, workloads["a"].example_inputs,
+                     runnable_on=("torch", "torch-compile", "onnxruntime"))
+    graph = BackendRef("torch", "cuda_graph")
+    assert kernels.untuned_backends(plain, Target(device="cuda", backend="torch[cuda_graph]")) == (graph,)
+    assert kernels.untuned_backends(plain, Target(device="cuda", backend="auto")) == (graph,)
+    assert kernels.untuned_backends(plain, Target(device="cpu", backend="torch[channels_last]")) == (
+        BackendRef("torch", "channels_last"),)  # a pinned backend's own variant where no quick one serves

@@ -233,13 +233,51 @@ def _check_sample(target, input_shape: list[int], outputs: int) -> None:
 
 
 def simulator_sources(src: Path) -> list[Path]:
-    """The code a simulator's runs depend on: the modules beside its evaluator's, and, when they form a subpackage,
-    the modules of the package above (the helpers several simulators share, imported with ``from .. import``)."""
+    """The code a simulator's runs depend on: its evaluator's module and the modules of its folder (and, when that
+    folder is a subpackage, of the package above: the helpers several simulators share, ``from .. import``) that
+    it imports, directly or through one another, at a module's top or inside a function.
+
+    Imports are read from the source (:mod:`ast`), not from what happens to be loaded, so a helper imported only
+    when a run needs it counts too; a name that may be a module counts where a file of that name is in those
+    folders (a superset: a file counted in vain only costs cached runs, one left out would reuse stale ones). A
+    script that nothing imports (a scratch file beside the simulator) is not the simulator's code. A module imported
+    by a computed name (``importlib.import_module(name)``) is not seen: import it by name, or keep it elsewhere.
+    """
     folder = src.parent
-    files = sorted(folder.glob("*.py"))
+    here = {f.stem: f for f in folder.glob("*.py")}
+    above: dict[str, Path] = {}
     if (folder / "__init__.py").exists() and (folder.parent / "__init__.py").exists():
-        files += sorted(folder.parent.glob("*.py"))
-    return files
+        above = {f.stem: f for f in folder.parent.glob("*.py")}
+    inits = [p["__init__"] for p in (here, above) if "__init__" in p]  # run by every import of the package
+    found: dict[Path, None] = dict.fromkeys([src, *inits])
+    todo = list(found)
+    while todo:
+        for level, names in _imported_names(todo.pop()):
+            pools = {0: (here, above), 1: (here,), 2: (above,)}.get(level, ())
+            for name in names:
+                for pool in pools:
+                    f = pool.get(name)
+                    if f is not None and f not in found:
+                        found[f] = None
+                        todo.append(f)
+    return sorted(found)
+
+
+def _imported_names(module: Path) -> list[tuple[int, list[str]]]:
+    """Each import statement of ``module`` as (relative level, every dotted component and imported name)."""
+    import ast
+
+    try:
+        tree = ast.parse(module.read_text(encoding="utf-8", errors="replace"))
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(0, alias.name.split(".")) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, [*(node.module or "").split("."), *(a.name for a in node.names)]))
+    return found
 
 
 def simulator_key(spec: AppSpec, evaluator: object) -> str:

@@ -144,3 +144,31 @@ def test_cached_simulator_runs_are_keyed_by_the_helpers_the_simulator_shares(tmp
     assert simulator_key(spec, evaluator) == before
     (package / "shared.py").write_text("GAIN = 2.0\n")
     assert simulator_key(spec, evaluator) != before
+
+
+def test_a_scratch_script_beside_the_simulator_is_not_its_code(tmp_path, monkeypatch):
+    """A user's scratch script in the simulator's folder made every run, recording and candidate error again (a
+    third-party CarRacing application's, with a warning per study wrongly blaming the reference NNs); a helper the
+    simulator imports, even inside a method, still keys its runs."""
+    import importlib
+    from types import SimpleNamespace
+
+    from qaopt.spec_adapter import simulator_key, simulator_sources
+
+    folder = tmp_path / "carsim"
+    folder.mkdir()
+    (folder / "track.py").write_text("WIDTH = 7.0\n")
+    (folder / "physics.py").write_text("from track import WIDTH\n")
+    (folder / "sim.py").write_text("import physics\n\nclass Sim:\n    def step(self):\n        import reward\n")
+    (folder / "reward.py").write_text("SCALE = 1.0\n")
+    monkeypatch.syspath_prepend(str(folder))
+    evaluator = importlib.import_module("sim").Sim()
+    spec = SimpleNamespace(evaluator=SimpleNamespace(simulator={"entry_point": "sim:Sim"}))
+    assert [p.name for p in simulator_sources(folder / "sim.py")] == ["physics.py", "reward.py", "sim.py", "track.py"]
+    before = simulator_key(spec, evaluator)
+    (folder / "scratch.py").write_text("print('trying something')\n")
+    assert simulator_key(spec, evaluator) == before
+    for helper in ("track.py", "reward.py"):  # imported through another module; imported inside a method
+        (folder / helper).write_text((folder / helper).read_text() + "# edited\n")
+        assert simulator_key(spec, evaluator) != before
+        before = simulator_key(spec, evaluator)

@@ -731,7 +731,9 @@ class OutputSpec(Section):
         "simulator runs; --cluster overrides it; without it they run in a local process pool"))
     time_limit_s: float = Field(default=DEFAULT_TIME_LIMIT_S, gt=0, le=7 * 24 * 3600, description=(
         "wall-clock seconds one call of the simulator (a block of seeded runs) may take before it counts as hung: "
-        "the run then stops with an application error naming the seeds; --time-limit overrides it"))
+        "the run then stops with an application error naming the seeds. Unset, a call counts as hung sooner, past "
+        "ten times the median of the run's earlier calls (at least 60 s, docs/faults.md); set, it is the limit; "
+        "--time-limit overrides it"))
     retries: int = Field(default=0, ge=0, le=10, description=(
         "how often a simulator call that raised or hung is tried again before the run stops with its error "
         "(for transient failures: a license server, a socket); a deterministic bug fails every attempt"))

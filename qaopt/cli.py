@@ -49,7 +49,7 @@ app.add_typer(field.app, name="field")
 app.add_typer(approx.app, name="approx")
 app.add_typer(kernels.app, name="kernels")
 app.command("calibrate")(calibrate.calibrate)
-app.command("optimize")(optimize.optimize)
+app.command("optimize", epilog=optimize.PROFILE_CAPS)(optimize.optimize)
 app.command("train")(train.train)
 
 

@@ -31,6 +31,10 @@ class Profile(BaseModel):
     closed_loop_checks: int | None = Field(None, ge=0, description=(
         "at most this many configurations checked closed-loop during the search (search.closed_loop); 0: none"))
 
+    def caps(self) -> str:
+        """The caps this profile sets, ``name=value`` each (what ``qaopt optimize --help`` lists); the rest are the spec's."""
+        return ", ".join(f"{k}={v}" for k, v in self.model_dump(exclude={"name"}).items() if v is not None)
+
 
 PROFILES: dict[str, Profile] = {
     # Finishes the shipped example in about 9 minutes on a 2-core CPU with bf16 (a Xeon with AMX, a Zen 5 EPYC) and

@@ -59,3 +59,16 @@ def test_a_run_its_resume_and_a_tvm_export_print_only_qaopts_lines(tmp_path):
         assert not [line for line in out + err if LIBRARY_LINE.search(line)], name
     log = (tmp_path / "runs" / "run.log").read_text()
     assert "qaopt.native: TVM, exporting" in log and "Scope Saving" in log  # kept for whoever debugs the run
+
+
+def test_optimize_help_names_each_profiles_caps():
+    """A user read qaopt/profiles.py to learn what the quick profile caps; ``--help`` says it, from the profiles."""
+    from typer.testing import CliRunner
+
+    from qaopt.cli import app
+    from qaopt.profiles import PROFILES
+
+    shown = " ".join(CliRunner().invoke(app, ["optimize", "--help"], env={"COLUMNS": "200"}).output.split())
+    for name, profile in PROFILES.items():
+        assert f"{name}: {profile.caps()}." in shown
+    assert "quick: trials=6, calibration_budget=12," in shown and "validation_runs=6" in shown

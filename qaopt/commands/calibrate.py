@@ -35,8 +35,8 @@ def calibrate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, only one line per point."),
     time_limit: float | None = typer.Option(
         None, "--time-limit", min=0.001, help="Wall-clock seconds one simulator call (a block of seeded runs) may "
-        "take before it counts as hung and the run stops naming its seeds (default: the spec's output.time_limit_s, "
-        "1800)."),
+        "take before it counts as hung and the run stops naming its seeds, as given (default: ten times the median "
+        "of the run's own calls, at least 60 s, under the spec's output.time_limit_s, 1800)."),
 ) -> None:
     """Inject errors into the NNs of the simulated application and map the valid error region.
 

@@ -8,10 +8,15 @@ import typer
 
 from qaopt.profiles import PROFILES
 
+PROFILE_CAPS = "Profiles cap the spec's budgets; a cap left out keeps the spec's value. " + " ".join(
+    f"{name}: {p.caps()}." for name, p in PROFILES.items())
+"""What ``qaopt optimize --help`` says each profile caps (qaopt/profiles.py, read from the profiles themselves)."""
+
 
 def optimize(
     spec: Path = typer.Argument(..., help="The application spec (YAML)."),
-    profile: str = typer.Option("default", "--profile", help=f"Budget profile: {', '.join(PROFILES)}."),
+    profile: str = typer.Option("default", "--profile", help=f"Budget profile: {', '.join(PROFILES)} (their caps: "
+                                "below)."),
     out: Path | None = typer.Option(None, "--out", help="Run folder (default: the spec's output.dir)."),
     storage: str | None = typer.Option(
         None, "--storage", help="SQLAlchemy URL of the Optuna study storage, shared by workers (default: the spec's, "
@@ -36,8 +41,8 @@ def optimize(
                                "redirect stderr to keep them in a file)."),
     time_limit: float | None = typer.Option(
         None, "--time-limit", min=0.001, help="Wall-clock seconds one simulator call (a block of seeded runs) may "
-        "take before it counts as hung and the run stops naming its seeds (default: the spec's output.time_limit_s, "
-        "1800)."),
+        "take before it counts as hung and the run stops naming its seeds, as given (default: ten times the median "
+        "of the run's own calls, at least 60 s, under the spec's output.time_limit_s, 1800)."),
 ) -> None:
     """Find the fastest NN configuration that keeps the application's QoS, and validate it closed-loop.
 

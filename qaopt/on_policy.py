@@ -136,7 +136,7 @@ def recorded(spec: AppSpec, evaluator: Recorder, nns: Mapping[str, Any], seeds: 
     if path.exists():
         try:
             with open(path, "rb") as f:
-                return pickle.load(f)
+                return _unpacked(pickle.load(f))
         except Exception as exc:  # noqa: BLE001 - a damaged pickle raises anything from EOFError to KeyError
             store.set_aside(path, f"it does not load: {type(exc).__name__}")
     # Nothing else runs meanwhile: the drives' frames of a step render on every core (a simulator that declares
@@ -149,8 +149,62 @@ def recorded(spec: AppSpec, evaluator: Recorder, nns: Mapping[str, Any], seeds: 
     _check(spec, recordings, nns)
     path.parent.mkdir(parents=True, exist_ok=True)
     with store.atomic_path(path) as tmp, open(tmp, "wb") as f:
-        pickle.dump(recordings, f, protocol=pickle.HIGHEST_PROTOCOL)  # shared inputs are stored once
+        pickle.dump(_packed(recordings), f, protocol=pickle.HIGHEST_PROTOCOL)  # shared inputs are stored once
     return recordings
+
+
+@dataclass(frozen=True)
+class _EightBit:
+    """Float frames that are 8-bit pixels, stored as those bytes: a quarter of float32's, restored bit for bit."""
+
+    pixels: np.ndarray
+    dtype: str
+    scaled: bool
+    """Whether the frames are the pixels divided by 255 (else the pixels themselves, as floats)."""
+
+    def frames(self) -> np.ndarray:
+        x = self.pixels.astype(self.dtype)
+        return x / x.dtype.type(255) if self.scaled else x
+
+    @classmethod
+    def of(cls, x: Any) -> _EightBit | None:
+        """``x`` as 8-bit pixels where it is a float array that they give back exactly (a camera's frames, ``/ 255``
+        or not), else ``None``."""
+        if not isinstance(x, np.ndarray) or x.dtype.kind != "f" or not x.size:
+            return None
+        for scaled in (True, False):
+            level = np.rint(x * 255 if scaled else x)
+            if level.min() < 0 or level.max() > 255:
+                continue
+            packed = cls(level.astype(np.uint8), x.dtype.str, scaled)
+            if np.array_equal(packed.frames(), x):
+                return packed
+        return None
+
+
+def _packed(recordings: Mapping[str, Recording]) -> dict[str, Recording]:
+    """``recordings`` with float frames of 8-bit pixels as :class:`_EightBit`: an application that hands its NNs
+    float32 frames made from a camera's bytes stored four times their size. Recordings that share one ``inputs``
+    share its packed form."""
+    packed: dict[int, Any] = {}
+    out = {}
+    for name, rec in recordings.items():
+        key = id(rec.inputs)
+        if key not in packed:
+            packed[key] = _EightBit.of(rec.inputs) or rec.inputs
+        out[name] = Recording(packed[key], rec.truth, rec.sequences)
+    return out
+
+
+def _unpacked(recordings: Mapping[str, Recording]) -> dict[str, Recording]:
+    frames: dict[int, Any] = {}
+    out = {}
+    for name, rec in recordings.items():
+        key = id(rec.inputs)
+        if key not in frames:
+            frames[key] = rec.inputs.frames() if isinstance(rec.inputs, _EightBit) else rec.inputs
+        out[name] = Recording(frames[key], rec.truth, rec.sequences)
+    return out
 
 
 def _check(spec: AppSpec, recordings: Mapping[str, Recording], nns: Sequence[str]) -> None:

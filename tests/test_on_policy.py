@@ -81,3 +81,28 @@ def test_an_error_model_that_cannot_be_fitted_names_the_nn_and_the_reason(tmp_pa
     spec = spec.model_copy(update={"calibration": spec.calibration.model_copy(update={"error_model": "shaped"})})
     with pytest.raises(CalibrationError, match=rf"calibration\.error_model shaped for nns\.a: .*{reason}"):
         error_models_of(spec, {"a": residuals, "b": residuals}, tmp_path / "cache")
+
+
+def test_float_frames_of_8_bit_pixels_are_stored_as_bytes_and_read_back_bit_for_bit(tmp_path):
+    """A third-party pixel application handed its NNs float32 frames made from the camera's bytes; its recordings
+    were stored at four times their size."""
+    import pickle
+
+    from qaopt.calibrate import Recording
+    from qaopt.on_policy import _packed, _unpacked
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (64, 3, 24, 32), dtype=np.uint8)
+    truth = rng.normal(size=(64, 1))
+    seqs = (np.arange(32), np.arange(32, 64))
+    for frames in (pixels.astype(np.float32) / 255, (pixels / 255.0).astype(np.float32), pixels.astype(np.float32)):
+        camera = Recording(frames, truth, seqs)
+        recordings = {"heading": camera, "distance": Recording(frames, truth[:, ::-1], seqs)}  # one camera, two NNs
+        plain, packed = pickle.dumps(recordings), pickle.dumps(_packed(recordings))
+        assert len(packed) <= len(plain) / 3.5
+        back = _unpacked(pickle.loads(packed))
+        assert back["heading"].inputs is back["distance"].inputs  # still one camera
+        assert back["heading"].inputs.dtype == frames.dtype and np.array_equal(back["heading"].inputs, frames)
+        assert np.array_equal(back["distance"].truth, recordings["distance"].truth)
+    noisy = Recording(pixels.astype(np.float32) / 255 + 1e-3, truth, seqs)  # not 8-bit: stored as it is
+    assert _packed({"heading": noisy})["heading"].inputs is noisy.inputs

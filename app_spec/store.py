@@ -111,16 +111,22 @@ def writing_to(path: str | Path) -> Iterator[None]:
 
 
 def ensure_writable(folder: str | Path) -> Path:
-    """Make ``folder`` if absent and write (then remove) a file in it; a disk fault raises :class:`StorageError`.
+    """Check that files can be written in ``folder``: a disk fault raises :class:`StorageError`; nothing is left.
 
-    A command checks every folder it will write (its run folder, the cache, a study database's folder) this way
-    before any work, so a read-only, foreign or full folder is named with its fix at once, in the same words as a
-    write that fails later, instead of after minutes of computation or as the storage library's own message.
+    A probe file is written and removed in ``folder``, or, where it does not exist yet, in its nearest existing
+    parent (the folder itself is made later, by the first write). A command checks every folder it will write (its
+    run folder, the cache, a study database's folder) this way before any work, so a read-only, foreign or full
+    folder is named with its fix at once, in the same words as a write that fails later, instead of after minutes
+    of computation or in the storage library's own words.
     """
     folder = Path(folder)
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
     with writing_to(folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=".qaopt-write-check.", suffix=".tmp", dir=folder)
+        if not probe.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probe))
+        fd, name = tempfile.mkstemp(prefix=".qaopt-write-check.", suffix=".tmp", dir=probe)
         os.close(fd)
         os.unlink(name)
     return folder

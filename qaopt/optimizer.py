@@ -86,6 +86,7 @@ def optimize(
         check_nn_shapes(spec, progress=console.log)
         plan = build_plan(spec, profile, out=out, storage=storage, trials=trials, region=region,
                           calibration_budget=calibration_budget, say=console.log)
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
         storage_ = open_storage(plan.storage_url)  # fail fast on the storage before any expensive work
         events, times = Events(), StageTimes.kept_in(plan.run_dir / STAGE_TIMES_FILE)
         events.subscribe(ConsoleView(console, quiet=quiet))

@@ -26,8 +26,16 @@ RUN_LOG_ENV = "QAOPT_RUN_LOG"
 _LOGGERS = ("py.warnings", NATIVE_LOGGER)
 
 
+class _RunLogHandler(logging.FileHandler):
+    """Appends to the run log, opened (and its folder made) at the first line: a run that warns of nothing has none."""
+
+    def _open(self):  # type: ignore[override]
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
 def _handler(path: Path) -> logging.Handler:
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8", delay=True)
+    handler = _RunLogHandler(path, mode="a", encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter(f"%(asctime)s pid {os.getpid()} %(name)s: %(message)s"))
     return handler
 

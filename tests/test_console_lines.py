@@ -72,3 +72,23 @@ def test_optimize_help_names_each_profiles_caps():
     for name, profile in PROFILES.items():
         assert f"{name}: {profile.caps()}." in shown
     assert "quick: trials=6, calibration_budget=12," in shown and "validation_runs=6" in shown
+
+
+def test_library_warnings_go_to_the_run_log_and_not_the_console(tmp_path, capfd):
+    import logging
+    import warnings
+
+    from qaopt.kernels.native_output import native_stderr_logged
+    from qaopt.run_log import RUN_LOG, library_output_logged
+
+    folder = tmp_path / "runs" / "not-made-yet"
+    with library_output_logged(folder) as log:
+        warnings.warn("The distribution is specified by [50, 160] and step=27", UserWarning)
+        with native_stderr_logged("TVM, exporting m"):
+            os.write(2, b"[03:01:02] /project/src/runtime/vm/executable.cc:276: Warning: Scope Saving:\n")
+    assert log == folder / RUN_LOG
+    text = log.read_text()
+    assert "py.warnings: " in text and "UserWarning: The distribution is specified by" in text
+    assert "qaopt.native: TVM, exporting m: [03:01:02] /project/src/runtime/vm/executable.cc:276" in text
+    assert not capfd.readouterr().err  # neither Python's stderr nor file descriptor 2
+    assert not logging.getLogger("py.warnings").handlers  # the block left logging as it found it

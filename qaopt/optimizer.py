@@ -28,6 +28,7 @@ from rich.console import Console
 import qaopt.stages  # noqa: F401 - registers the built-in stages
 from qaopt.app_spec import AppSpec
 from qaopt.app_spec.store import ensure_writable
+from qaopt.calibrate.app_calls import forget_call_times
 from qaopt.console import ConsoleView
 from qaopt.events import Events, StageTimes
 from qaopt.executor import open_executor
@@ -78,6 +79,7 @@ def optimize(
     spec = check_spec(spec) if isinstance(spec, AppSpec) else load_spec(spec, check_entry_points=True)
     spec = with_time_limit(spec, time_limit)
     console = console or Console(stderr=True, log_path=False)  # where a line was logged means nothing to a user
+    forget_call_times()  # a hang is judged by this run's own calls, not by an earlier run's in this process
     run_dir, *others = written_folders(spec, out=out, storage=storage)
     for folder in (run_dir, *others):
         ensure_writable(folder)  # a read-only or full folder is named now, before any work

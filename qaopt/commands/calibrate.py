@@ -55,6 +55,7 @@ def calibrate(
     from qaopt.region_calibration import build_calibration, calibrate_spec, plot_spec_region
     from qaopt.console import stage_progress
     from qaopt.app_spec.store import ensure_writable
+    from qaopt.calibrate.app_calls import forget_call_times
     from qaopt.run_log import library_output_logged
     from qaopt.spec_adapter import with_time_limit, written_folders
 
@@ -67,6 +68,7 @@ def calibrate(
         Console().print(f"wrote {path}")
         return
     app_spec = with_time_limit(load_spec(spec, check_entry_points=True), time_limit)
+    forget_call_times()  # a hang is judged by this run's own calls, not by an earlier run's in this process
     run_dir, cache = written_folders(app_spec, out=out, study=False)
     for folder in (run_dir, cache):
         ensure_writable(folder)  # a read-only or full folder is named now, before any run

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ class OrtCompiled(LocalCompiled):
         super().__init__(target, example_inputs, onnx_param_bytes(onnx_path))
         self.session = session
         self.onnx_path = onnx_path
-        self._tmp = tmp  # keeps the exported file alive as long as the session
+        # The exported file lives as long as the session; its folder goes with this object, quietly (a
+        # TemporaryDirectory left to the garbage collector warns "Implicitly cleaning up" for every candidate).
+        self._tmp = weakref.finalize(self, shutil.rmtree, tmp, ignore_errors=True) if tmp is not None else None
         self._names = [i.name for i in session.get_inputs()]
         self._feed = self._feed_of(self.example_inputs)
 
@@ -79,11 +82,13 @@ class OnnxRuntimeBackend:
             if model_dtype(model) == "bfloat16":
                 raise unsupported(self.name, model, "onnxruntime's CPU provider has no bf16 convolution kernels; "
                                   "run bf16 candidates on backend 'torch', or give an fp32/int8 ONNX model")
-            tmp = tempfile.TemporaryDirectory(prefix="qaopt-ort-")
-            path = export_onnx(model, example_inputs, Path(tmp.name) / "model.onnx")
+            tmp = tempfile.mkdtemp(prefix="qaopt-ort-")
+            path = export_onnx(model, example_inputs, Path(tmp) / "model.onnx")
         try:
             session = ort_session(path, target.threads, target.device)
         except Exception as exc:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             match = _NO_KERNEL.search(str(exc))
             if match:
                 raise UnsupportedOperatorError(f"{match.group(1)} (opset {match.group(2)})", self.name, describe(model),

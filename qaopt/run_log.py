@@ -14,12 +14,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 from qaopt.kernels.native_output import NATIVE_LOGGER
 
+LIBRARY_LINE = re.compile(r"Warning\b|warnings\.warn|\[W:onnxruntime|/project/src/|^\s*warn\(|Traceback")
+"""What a library's line on a console looks like, as opposed to qaopt's: Python's ``UserWarning: ...``
+(``FutureWarning``, ``ExperimentalWarning``) and its ``warnings.warn(`` source line, ONNX Runtime's
+``[W:onnxruntime:...]``, TVM's ``/project/src/...: Warning:``, a traceback. qaopt's own recovered faults print
+``warning: ...`` in lower case. The tests and ``benchmarks/console_lines.py`` hold a run's console to it."""
 RUN_LOG = "run.log"
 RUN_LOG_ENV = "QAOPT_RUN_LOG"
 """The log file of the command that started this process (set for its pool workers, which inherit it)."""

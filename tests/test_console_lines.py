@@ -7,7 +7,6 @@ descriptor 2 (TVM's runtime, exporting a library) is seen too, not only Python's
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,12 +15,9 @@ import pytest
 
 from specs import tiny_spec
 
-APPS = Path(__file__).resolve().parent / "apps"
+from qaopt.run_log import LIBRARY_LINE
 
-LIBRARY_LINE = re.compile(r"Warning\b|warnings\.warn|\[W:onnxruntime|/project/src/|^\s*warn\(|Traceback")
-"""What a library's warning looks like: Python's ``UserWarning: ...`` (``FutureWarning``, ``ExperimentalWarning``),
-its ``warnings.warn(`` source line, ONNX Runtime's ``[W:onnxruntime:...]``, TVM's ``/project/src/...: Warning:``.
-qaopt's own recovered faults print ``warning: ...`` in lower case."""
+APPS = Path(__file__).resolve().parent / "apps"
 
 
 def _qaopt(*argv: str, cwd: Path) -> tuple[list[str], list[str]]:

@@ -55,9 +55,7 @@ def library_output_logged(run_dir: str | Path) -> Iterator[Path]:
     kept = [(lg.handlers[:], lg.propagate) for lg in loggers]
     previous_env = os.environ.get(RUN_LOG_ENV)
     os.environ[RUN_LOG_ENV] = str(path.resolve())
-    for lg in loggers:
-        lg.handlers, lg.propagate = [handler], False
-    logging.captureWarnings(True)
+    _route_to(handler)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")  # each distinct warning once per place, not hidden by an earlier filter
@@ -78,7 +76,11 @@ def log_worker_output() -> None:
     path = os.environ.get(RUN_LOG_ENV)
     if not path:
         return
-    handler = _handler(Path(path))
+    _route_to(_handler(Path(path)))
+
+
+def _route_to(handler: logging.Handler) -> None:
+    """Python's warnings and the native lines go to ``handler`` alone (nothing reaches logging's last resort)."""
     for name in _LOGGERS:
         lg = logging.getLogger(name)
         lg.handlers, lg.propagate = [handler], False

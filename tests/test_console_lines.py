@@ -6,6 +6,7 @@ descriptor 2 (TVM's runtime, exporting a library) is seen too, not only Python's
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def test_the_library_line_pattern_catches_what_libraries_print():
     assert not any(LIBRARY_LINE.search(line) for line in kept)
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("tvm") is None, reason="TVM is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("tvm") is None, reason="TVM is not installed")
 def test_a_run_its_resume_and_a_tvm_export_print_only_qaopts_lines(tmp_path):
     def on_tvm(data):
         data["target"]["backend"] = "tvm"  # its export wrote 4 runtime warnings per NN library to the console
